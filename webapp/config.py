@@ -1,0 +1,265 @@
+"""Settings read from the environment, validated once, in one place.
+
+Every variable of the operator contract is parsed here. A bad value stops start-up with one
+line naming the variable (``ConfigError``); nothing falls back silently.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+#: Where the embedded default keeps its database file and generated secret key.
+INSTANCE_DIR = Path(os.environ.get("BILLING_OUTBOX_INSTANCE_DIR", Path.cwd() / "instance"))
+
+STRIPE_API_BASE_DEFAULT = "https://api.stripe.com"
+# stripe-python's RequestsClient connect timeout; a call can take this plus the read timeout.
+CONNECT_TIMEOUT_SECONDS = 3.05
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unparseable or unsafe. The message names the variable."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Validated configuration. Build it with :meth:`from_env`; tests use :meth:`with_overrides`."""
+
+    database_url: str
+    secret_key: str | None = None
+    stripe_api_key: str | None = None
+    stripe_api_base: str = STRIPE_API_BASE_DEFAULT
+    stripe_meter_event_name: str = "api_requests"
+    stripe_timeout_seconds: float = 10.0
+    stripe_max_requests_per_second: float = 20.0
+    batch_size: int = 200
+    max_attempts: int = 12
+    initial_backoff_seconds: float = 2.0
+    max_backoff_seconds: float = 1800.0
+    claim_timeout_seconds: float = 120.0
+    poll_interval_seconds: float = 1.0
+    concurrency: int = 8
+    dedupe_window_seconds: float = 23 * 3600.0
+    drainer_enabled: bool = True
+    log_format: str = "text"
+    log_level: str = "INFO"
+    testing: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    # -- derived -----------------------------------------------------------------------------
+    @property
+    def is_postgres(self) -> bool:
+        return self.database_url.startswith("postgresql")
+
+    @property
+    def stripe_mode(self) -> str:
+        """``live``, ``test`` or ``none`` from the API key's prefix (never the key itself)."""
+        key = self.stripe_api_key or ""
+        if "_live_" in key[:8]:
+            return "live"
+        if "_test_" in key[:8]:
+            return "test"
+        return "none" if not key else "unknown"
+
+    @property
+    def longest_call_seconds(self) -> float:
+        """The longest one Stripe call can take: connect plus read timeout (no SDK retries)."""
+        return CONNECT_TIMEOUT_SECONDS + self.stripe_timeout_seconds
+
+    def backoff_seconds(self, attempt: int) -> float:
+        """Backoff before attempt ``attempt + 1`` (without jitter): min(max, initial·2^(n−1))."""
+        exponent = min(max(attempt - 1, 0), 60)
+        return min(self.max_backoff_seconds, self.initial_backoff_seconds * (2.0**exponent))
+
+    def retry_horizon_seconds(self) -> float:
+        """Worst-case time from the first attempt to the last automatic one (jitter included)."""
+        total = 0.0
+        for attempt in range(1, self.max_attempts):
+            total += self.backoff_seconds(attempt) * 1.25 + self.longest_call_seconds
+        return total
+
+    # -- construction --------------------------------------------------------------------------
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, *, testing: bool = False) -> Settings:
+        """Parse and validate the environment; raise ``ConfigError`` naming the bad variable."""
+        env = os.environ if env is None else env
+        settings = cls(
+            database_url=_database_url(env.get("DATABASE_URL")),
+            secret_key=env.get("SECRET_KEY") or None,
+            stripe_api_key=_api_key(env.get("STRIPE_API_KEY")),
+            stripe_api_base=_url("STRIPE_API_BASE", env.get("STRIPE_API_BASE"),
+                                 STRIPE_API_BASE_DEFAULT),
+            stripe_meter_event_name=_meter(env.get("STRIPE_METER_EVENT_NAME"), "api_requests"),
+            stripe_timeout_seconds=_number(env, "STRIPE_TIMEOUT_SECONDS", 10.0, low=0.1, high=120),
+            stripe_max_requests_per_second=_number(
+                env, "STRIPE_MAX_REQUESTS_PER_SECOND", 20.0, low=0.1, high=10_000),
+            batch_size=_integer(env, "OUTBOX_BATCH_SIZE", 200, low=1, high=10_000),
+            max_attempts=_integer(env, "OUTBOX_MAX_ATTEMPTS", 12, low=1, high=1000),
+            initial_backoff_seconds=_number(
+                env, "OUTBOX_INITIAL_BACKOFF_SECONDS", 2.0, low=0.0, high=86_400),
+            max_backoff_seconds=_number(env, "OUTBOX_MAX_BACKOFF_SECONDS", 1800.0, low=0.0,
+                                        high=86_400),
+            claim_timeout_seconds=_number(env, "OUTBOX_CLAIM_TIMEOUT_SECONDS", 120.0, low=1.0,
+                                          high=86_400),
+            poll_interval_seconds=_number(env, "OUTBOX_POLL_INTERVAL_SECONDS", 1.0, low=0.01,
+                                          high=3600),
+            concurrency=_integer(env, "OUTBOX_CONCURRENCY", 8, low=1, high=256),
+            dedupe_window_seconds=_number(env, "OUTBOX_DEDUPE_WINDOW", 23 * 3600.0, low=60.0,
+                                          high=24 * 3600.0, unit_suffixes=True),
+            drainer_enabled=_boolean(env, "DRAINER_ENABLED", True),
+            log_format=_choice(env, "LOG_FORMAT", "text", ("text", "json")),
+            log_level=_choice(env, "LOG_LEVEL", "INFO",
+                              ("DEBUG", "INFO", "WARNING", "ERROR"), upper=True),
+            testing=testing,
+        )
+        settings.validate()
+        return settings
+
+    def with_overrides(self, **changes: Any) -> Settings:
+        """A copy with some fields changed, validated again."""
+        settings = replace(self, **changes)
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        """Refuse combinations that would break a delivery guarantee."""
+        if self.max_backoff_seconds < self.initial_backoff_seconds:
+            raise ConfigError(
+                "OUTBOX_MAX_BACKOFF_SECONDS must be at least OUTBOX_INITIAL_BACKOFF_SECONDS "
+                f"({self.max_backoff_seconds:g} < {self.initial_backoff_seconds:g})")
+        # A worker never starts a call unless its claim has this much time left, so the claim
+        # must be longer than the margin, or a claimed event could be sent by two workers.
+        if self.claim_timeout_seconds < 2 * self.claim_safety_margin_seconds:
+            raise ConfigError(
+                "OUTBOX_CLAIM_TIMEOUT_SECONDS must be at least "
+                f"{2 * self.claim_safety_margin_seconds:g}s: twice the longest one Stripe call "
+                f"can take ({self.longest_call_seconds:g}s with STRIPE_TIMEOUT_SECONDS="
+                f"{self.stripe_timeout_seconds:g}) plus a margin; otherwise an expired claim "
+                "could let two workers send the same event at once")
+        if self.retry_horizon_seconds() >= self.dedupe_window_seconds:
+            raise ConfigError(
+                "OUTBOX_MAX_ATTEMPTS / OUTBOX_INITIAL_BACKOFF_SECONDS / OUTBOX_MAX_BACKOFF_SECONDS "
+                f"give a retry horizon of {self.retry_horizon_seconds() / 3600:.1f}h, beyond "
+                f"OUTBOX_DEDUPE_WINDOW ({self.dedupe_window_seconds / 3600:.1f}h): retries past "
+                "Stripe's 24-hour dedupe window could bill twice")
+
+    @property
+    def claim_safety_margin_seconds(self) -> float:
+        """Time a claim must still have before a worker may start one more call under it."""
+        return self.longest_call_seconds + 5.0
+
+
+# -- parsers -------------------------------------------------------------------------------------
+
+def _database_url(raw: str | None) -> str:
+    if not raw:
+        INSTANCE_DIR.mkdir(parents=True, exist_ok=True)
+        return f"sqlite:///{INSTANCE_DIR / 'billing-outbox.sqlite3'}"
+    url = raw.strip()
+    for prefix in ("postgres://", "postgresql://", "postgresql+psycopg://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix):]
+    if url.startswith("sqlite://"):
+        return url
+    scheme = url.split(":", 1)[0] if ":" in url else url
+    raise ConfigError(
+        f"DATABASE_URL: unsupported scheme {scheme!r}; use postgresql://… (psycopg 3) or sqlite:///…")
+
+
+def _api_key(raw: str | None) -> str | None:
+    if not raw:
+        return None
+    key = raw.strip()
+    if not key.startswith(("sk_", "rk_")):
+        raise ConfigError("STRIPE_API_KEY must be a secret (sk_…) or restricted (rk_…) key")
+    return key
+
+
+def _url(name: str, raw: str | None, default: str) -> str:
+    if not raw:
+        return default
+    url = raw.strip().rstrip("/")
+    if not url.startswith(("http://", "https://")) or "://" == url[-3:]:
+        raise ConfigError(f"{name} must be an http(s) URL, got {raw!r}")
+    return url
+
+
+def _meter(raw: str | None, default: str) -> str:
+    if raw is None or raw == "":
+        return default
+    if len(raw) > 100 or not raw.isprintable() or raw.strip() != raw:
+        raise ConfigError("STRIPE_METER_EVENT_NAME must be 1–100 printable characters")
+    return raw
+
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def _number(env: Mapping[str, str], name: str, default: float, *, low: float, high: float,
+            unit_suffixes: bool = False) -> float:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    text = raw.strip().lower()
+    factor = 1.0
+    if unit_suffixes and text[-1:] in _UNITS:
+        factor, text = _UNITS[text[-1]], text[:-1]
+    try:
+        value = float(text) * factor
+    except ValueError:
+        raise ConfigError(f"{name}: not a number: {raw!r}") from None
+    if not math.isfinite(value) or not low <= value <= high:
+        raise ConfigError(f"{name}: {raw!r} is outside {low:g}…{high:g}")
+    return value
+
+
+def _integer(env: Mapping[str, str], name: str, default: int, *, low: int, high: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise ConfigError(f"{name}: not a whole number: {raw!r}") from None
+    if not low <= value <= high:
+        raise ConfigError(f"{name}: {raw!r} is outside {low}…{high}")
+    return value
+
+
+def _boolean(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    text = raw.strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{name}: expected true or false, got {raw!r}")
+
+
+def _choice(env: Mapping[str, str], name: str, default: str, choices: tuple[str, ...],
+            *, upper: bool = False) -> str:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    value = raw.strip().upper() if upper else raw.strip().lower()
+    if value not in choices:
+        raise ConfigError(f"{name}: expected one of {', '.join(choices)}, got {raw!r}")
+    return value
+
+
+def embedded_secret_key() -> str:
+    """The secret key kept in ``instance/`` for the embedded default, created on first use."""
+    INSTANCE_DIR.mkdir(parents=True, exist_ok=True)
+    path = INSTANCE_DIR / "secret_key"
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secrets.token_urlsafe(48))
+    return path.read_text().strip()

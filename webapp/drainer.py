@@ -1,0 +1,501 @@
+"""The drainer: claims due events, sends them through the gateway, records what happened.
+
+``Drainer.drain_once`` is one pass (the CLI's ``drain --once``, the in-app scheduler job and
+the tests call it directly); ``Drainer.run`` loops until asked to stop. No transaction is open
+while Stripe is called.
+
+Guarantees kept here, on top of the claim's:
+- one call in flight per (Stripe customer, meter) across every process (``LaneLocks``);
+- a call starts only while the claim has longer left than the longest call can take, so an
+  expired claim can never overlap a live call for the same event;
+- a Stripe outage costs a handful of calls (``CircuitBreaker``), not every event's budget;
+- a systemic failure (401/403/404) pauses sending for every worker and changes no event.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import random
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
+
+from sqlalchemy import Connection, Engine, text
+
+from .config import Settings
+from .models import utcnow
+from .outbox import store
+from .outbox.states import DEAD_PAST_WINDOW, CallResult, Outcome, Policy, past_dedupe_window
+from .stripe_gateway import Gateway, MeterEvent, StripeGateway
+
+log = logging.getLogger(__name__)
+
+Lane = tuple[str, str]
+Clock = Callable[[], datetime]
+
+
+def worker_name() -> str:
+    """``host:pid:random``: unique per process, readable in the attempts table."""
+    return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(2).hex()}"
+
+
+def policy_from(settings: Settings) -> Policy:
+    return Policy(max_attempts=settings.max_attempts,
+                  initial_backoff_seconds=settings.initial_backoff_seconds,
+                  max_backoff_seconds=settings.max_backoff_seconds,
+                  dedupe_window_seconds=settings.dedupe_window_seconds)
+
+
+def gateway_from(settings: Settings) -> Gateway | None:
+    """The Stripe gateway, or None without ``STRIPE_API_KEY`` (then nothing is sent)."""
+    if not settings.stripe_api_key:
+        return None
+    return StripeGateway(settings.stripe_api_key, api_base=settings.stripe_api_base,
+                         timeout_seconds=settings.stripe_timeout_seconds)
+
+
+# -- per-process helpers ---------------------------------------------------------------------------
+
+class RateLimiter:
+    """A token bucket: at most ``rate`` calls per second in this process, bursts of one second."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self.capacity = max(1.0, rate)
+        self._tokens = self.capacity
+        self._at = time.monotonic()
+        self._lock = threading.Lock()
+
+    def acquire(self, stop: threading.Event | None = None) -> bool:
+        """Wait for a token; False if ``stop`` was set while waiting."""
+        while True:
+            with self._lock:
+                now = time.monotonic()
+                self._tokens = min(self.capacity, self._tokens + (now - self._at) * self.rate)
+                self._at = now
+                if self._tokens >= 1.0:
+                    self._tokens -= 1.0
+                    return True
+                wait = (1.0 - self._tokens) / self.rate
+            if stop is not None:
+                if stop.wait(wait):
+                    return False
+            else:
+                time.sleep(wait)
+
+
+class CircuitBreaker:
+    """Holds claims back when most recent calls found Stripe unreachable or failing.
+
+    Closed: normal. Open: no claims until the cool-down ends. Half-open: one event is claimed
+    as a probe; a definite answer closes the breaker, another failure re-opens it with twice
+    the cool-down (up to ``max_cooldown``).
+    """
+
+    FAILING = (Outcome.NOT_EXECUTED, Outcome.UNKNOWN)
+
+    def __init__(self, *, window: int = 20, threshold: float = 0.6, min_calls: int = 5,
+                 cooldown: float = 2.0, max_cooldown: float = 60.0,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.window, self.threshold, self.min_calls = window, threshold, min_calls
+        self.base_cooldown, self.max_cooldown = cooldown, max_cooldown
+        self._recent: deque[bool] = deque(maxlen=window)
+        self._cooldown = cooldown
+        self._open_until: float | None = None
+        self._monotonic = monotonic
+        self._lock = threading.Lock()
+
+    @property
+    def state(self) -> str:
+        with self._lock:
+            if self._open_until is None:
+                return "closed"
+            return "open" if self._monotonic() < self._open_until else "half_open"
+
+    def allow_batch(self) -> int | None:
+        """How many events may be claimed now: None = no limit, 0 = none, 1 = a probe."""
+        state = self.state
+        return None if state == "closed" else (0 if state == "open" else 1)
+
+    def record(self, outcome: Outcome) -> None:
+        with self._lock:
+            failing = outcome in self.FAILING
+            if self._open_until is not None:      # a probe's answer
+                if failing:
+                    self._cooldown = min(self.max_cooldown, self._cooldown * 2)
+                    self._open_until = self._monotonic() + self._cooldown
+                else:
+                    self._open_until, self._cooldown = None, self.base_cooldown
+                    self._recent.clear()
+                return
+            self._recent.append(failing)
+            if (len(self._recent) >= self.min_calls
+                    and sum(self._recent) / len(self._recent) >= self.threshold):
+                self._open_until = self._monotonic() + self._cooldown
+                log.warning("circuit breaker open: %d of the last %d calls failed; holding "
+                            "claims for %.1fs", sum(self._recent), len(self._recent),
+                            self._cooldown)
+
+
+def lane_key(lane: Lane) -> int:
+    """A signed 64-bit advisory-lock key for a lane."""
+    digest = hashlib.blake2b(f"billing-outbox\x1f{lane[0]}\x1f{lane[1]}".encode(),
+                             digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+class LaneLocks:
+    """One call in flight per lane: in this process (a set) and, on PostgreSQL, across every
+    process (session advisory locks on a dedicated connection, which die with the process, so
+    a SIGKILLed worker's lanes are free again at once). Busy lanes are skipped, never waited on.
+    """
+
+    def __init__(self, engine: Engine | None) -> None:
+        self._engine = engine if engine is not None and engine.dialect.name == "postgresql" \
+            else None
+        self._held: set[Lane] = set()
+        self._mutex = threading.Lock()
+        self._conn: Connection | None = None
+
+    def busy(self) -> set[Lane]:
+        with self._mutex:
+            return set(self._held)
+
+    def acquire(self, lanes: Iterable[Lane]) -> set[Lane]:
+        """Take every free lane of ``lanes``; return those taken."""
+        with self._mutex:
+            wanted = [lane for lane in dict.fromkeys(lanes) if lane not in self._held]
+            if not wanted:
+                return set()
+            got = set(wanted) if self._engine is None else self._pg_try(wanted)
+            self._held |= got
+            return got
+
+    def release(self, lanes: Iterable[Lane]) -> None:
+        with self._mutex:
+            mine = [lane for lane in lanes if lane in self._held]
+            if not mine:
+                return
+            self._held -= set(mine)
+            if self._engine is not None:
+                self._pg_unlock(mine)
+
+    def close(self) -> None:
+        with self._mutex:
+            self._held.clear()
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def _connection(self) -> Connection:
+        if self._conn is None or self._conn.closed or self._conn.invalidated:
+            assert self._engine is not None
+            self._conn = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        return self._conn
+
+    def _pg_try(self, lanes: list[Lane]) -> set[Lane]:
+        keys = [lane_key(lane) for lane in lanes]
+        try:
+            rows = self._connection().execute(
+                text("SELECT k, pg_try_advisory_lock(k) FROM unnest(CAST(:keys AS bigint[])) k"),
+                {"keys": keys}).all()
+        except Exception:
+            log.exception("lane lock connection failed; skipping these lanes for now")
+            self._drop_connection()
+            return set()
+        taken = {k for k, ok in rows if ok}
+        return {lane for lane, k in zip(lanes, keys, strict=True) if k in taken}
+
+    def _pg_unlock(self, lanes: list[Lane]) -> None:
+        try:
+            self._connection().execute(
+                text("SELECT pg_advisory_unlock(k) FROM unnest(CAST(:keys AS bigint[])) k"),
+                {"keys": [lane_key(lane) for lane in lanes]})
+        except Exception:
+            # The locks died with the connection; nothing is left to release.
+            log.exception("lane unlock failed; dropping the lock connection")
+            self._drop_connection()
+
+    def _drop_connection(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.invalidate()
+                self._conn.close()
+            except Exception:  # noqa: S110 - the connection is gone either way
+                pass
+            self._conn = None
+
+
+# -- the drainer -----------------------------------------------------------------------------------
+
+@dataclass
+class DrainSummary:
+    """What one pass did; printed as JSON by ``drain --once``."""
+
+    claimed: int = 0
+    sent: int = 0
+    retrying: int = 0
+    dead: int = 0
+    released: int = 0
+    fenced: int = 0
+    rescued: int = 0
+    calls: int = 0
+    paused: bool = False
+    pause_reason: str | None = None
+    skipped: str | None = None
+    breaker: str = "closed"
+    duration_ms: int = 0
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+@dataclass
+class _LaneResult:
+    attempts: list[store.AttemptRecord] = field(default_factory=list)
+    release: list[int] = field(default_factory=list)
+    release_later: list[int] = field(default_factory=list)
+    dead: list[tuple[int, str]] = field(default_factory=list)
+
+
+class Drainer:
+    """Wires the outbox core to a gateway. One per process; thread-safe ``drain_once``."""
+
+    def __init__(self, engine: Engine, settings: Settings, gateway: Gateway | None = None, *,
+                 clock: Clock = utcnow, worker: str | None = None,
+                 breaker: CircuitBreaker | None = None, rng: random.Random | None = None,
+                 use_default_gateway: bool = True) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.gateway = gateway if gateway is not None or not use_default_gateway \
+            else gateway_from(settings)
+        self.clock = clock
+        self.worker = worker or worker_name()
+        self.policy = policy_from(settings)
+        self.lanes = LaneLocks(engine)
+        self.limiter = RateLimiter(settings.stripe_max_requests_per_second)
+        self.breaker = breaker or CircuitBreaker()
+        self.rng = rng or random.Random()  # noqa: S311 - jitter, not security
+        self.stopping = threading.Event()
+        self._pool: ThreadPoolExecutor | None = None
+        self._pass_lock = threading.Lock()
+        self._last_rescue = 0.0
+        self._last_probe = 0.0
+        self.probe_interval_seconds = 30.0
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def request_stop(self) -> None:
+        """Stop claiming; in-flight calls finish, the rest of the batch is released."""
+        self.stopping.set()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        self.lanes.close()
+
+    def run(self) -> None:
+        """Drain until ``request_stop``; sleep ``OUTBOX_POLL_INTERVAL_SECONDS`` when idle."""
+        log.info("worker %s started", self.worker)
+        try:
+            while not self.stopping.is_set():
+                try:
+                    summary = self.drain_once()
+                except Exception:
+                    log.exception("drain pass failed; retrying after the poll interval")
+                    self.stopping.wait(self.settings.poll_interval_seconds)
+                    continue
+                full = summary.claimed >= self.settings.batch_size and not summary.released
+                if not full:
+                    self.stopping.wait(self.settings.poll_interval_seconds)
+        finally:
+            self.close()
+            log.info("worker %s stopped", self.worker)
+
+    # -- maintenance -------------------------------------------------------------------------
+    def rescue_once(self) -> int:
+        """Return expired claims to the queue; the number returned."""
+        count = store.rescue_expired(self.engine, now=self.clock())
+        if count:
+            log.warning("rescued %d events whose claim expired (a worker died or stalled)", count)
+        return count
+
+    def _rescue_if_due(self) -> int:
+        interval = max(1.0, self.settings.claim_timeout_seconds / 4)
+        if time.monotonic() - self._last_rescue < interval:
+            return 0
+        self._last_rescue = time.monotonic()
+        return self.rescue_once()
+
+    # -- one pass ----------------------------------------------------------------------------
+    def drain_once(self, *, force_rescue: bool = False) -> DrainSummary:
+        """Claim one batch, send it, record the outcomes. Never raises for Stripe's answers."""
+        with self._pass_lock:
+            started = time.monotonic()
+            summary = self._drain(force_rescue)
+            summary.duration_ms = int((time.monotonic() - started) * 1000)
+            summary.breaker = self.breaker.state
+            if summary.claimed:
+                log.info("drained: %s", summary.as_dict())
+            return summary
+
+    def _drain(self, force_rescue: bool) -> DrainSummary:
+        summary = DrainSummary()
+        if self.gateway is None:
+            summary.skipped = "STRIPE_API_KEY is not set: nothing is sent"
+            return summary
+        summary.rescued = self.rescue_once() if force_rescue else self._rescue_if_due()
+        if self.stopping.is_set():
+            summary.skipped = "stopping"
+            return summary
+        with self.engine.connect() as conn:
+            pause = store.pause_state(conn)
+        limit: int | None = self.settings.batch_size
+        probing = False
+        if pause.paused:
+            summary.paused, summary.pause_reason = True, pause.reason
+            due = time.monotonic() - self._last_probe >= self.probe_interval_seconds
+            if pause.kind != "systemic" or not due:
+                return summary
+            self._last_probe = time.monotonic()
+            limit, probing = 1, True
+        allowed = self.breaker.allow_batch()
+        if allowed == 0:
+            summary.skipped = "circuit breaker open"
+            return summary
+        if allowed == 1:
+            limit = 1
+        assert limit is not None
+        now = self.clock()
+        claim = store.claim_batch(self.engine, worker=self.worker, limit=limit, now=now,
+                                  claim_timeout_seconds=self.settings.claim_timeout_seconds,
+                                  avoid_lanes=self.lanes.busy())
+        summary.claimed = len(claim.events)
+        if not claim.events:
+            return summary
+        self._send_and_record(claim, summary)
+        if probing and summary.sent:
+            if store.set_paused(self.engine, paused=False, reason=None, kind="systemic",
+                                by=self.worker, now=self.clock(), only_kind="systemic"):
+                log.warning("sending resumed: a probe call to Stripe succeeded")
+            summary.paused = False
+        return summary
+
+    def _send_and_record(self, claim: store.Claim, summary: DrainSummary) -> None:
+        by_lane: dict[Lane, list[store.ClaimedEvent]] = {}
+        for ev in claim.events:
+            by_lane.setdefault(ev.lane, []).append(ev)
+        held = self.lanes.acquire(by_lane)
+        busy_ids = [ev.id for lane, evs in by_lane.items() if lane not in held for ev in evs]
+        abort = threading.Event()
+        results: list[_LaneResult] = []
+        try:
+            lanes = [evs for lane, evs in by_lane.items() if lane in held]
+            results = self._run_lanes(claim, lanes, abort)
+        finally:
+            try:
+                self._record(claim, results, busy_ids, abort, summary)
+            finally:
+                self.lanes.release(held)
+
+    def _run_lanes(self, claim: store.Claim, lanes: list[list[store.ClaimedEvent]],
+                   abort: threading.Event) -> list[_LaneResult]:
+        if len(lanes) <= 1 or self.settings.concurrency == 1:
+            return [self._send_lane(claim, evs, abort) for evs in lanes]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=self.settings.concurrency,
+                                            thread_name_prefix="outbox-send")
+        futures = [self._pool.submit(self._send_lane, claim, evs, abort) for evs in lanes]
+        return [f.result() for f in futures]
+
+    def _send_lane(self, claim: store.Claim, events: list[store.ClaimedEvent],
+                   abort: threading.Event) -> _LaneResult:
+        """Send one lane's events in order, one call at a time."""
+        out = _LaneResult()
+        margin = timedelta(seconds=self.settings.claim_safety_margin_seconds)
+        gateway = self.gateway
+        assert gateway is not None
+        for i, ev in enumerate(events):
+            now = self.clock()
+            rest = [e.id for e in events[i:]]
+            if self.stopping.is_set() or abort.is_set() or now + margin > claim.deadline:
+                out.release.extend(rest)
+                break
+            if self.breaker.allow_batch() == 0:
+                out.release_later.extend(rest)
+                break
+            if past_dedupe_window(ev.view(), now, self.policy):
+                out.dead.append((ev.id, DEAD_PAST_WINDOW))
+                log.error("event %d: %s; not resent", ev.id, DEAD_PAST_WINDOW)
+                continue
+            if not self.limiter.acquire(self.stopping):
+                out.release.extend(rest)
+                break
+            attempted_at = self.clock()
+            t0 = time.monotonic()
+            result = self._call(gateway, ev)
+            out.attempts.append(store.AttemptRecord(ev, result, attempted_at,
+                                                    int((time.monotonic() - t0) * 1000)))
+            self.breaker.record(result.outcome)
+            if result.outcome is not Outcome.DELIVERED:
+                log.warning("event %d: %s (HTTP %s, %s %s, request %s)", ev.id,
+                            result.outcome.value, result.http_status, result.error_class,
+                            result.error_code or "", result.request_id)
+            if result.outcome is Outcome.SYSTEMIC:
+                abort.set()
+                self._pause_systemic(result.http_status, result.error_class, result.message)
+                out.release.extend(rest[1:])
+                break
+            if result.outcome in (Outcome.NOT_EXECUTED, Outcome.UNKNOWN):
+                # The rest of this lane would meet the same trouble: leave it for later.
+                out.release_later.extend(rest[1:])
+                break
+        return out
+
+    @staticmethod
+    def _call(gateway: Gateway, ev: store.ClaimedEvent) -> CallResult:
+        """One call; an unexpected error counts as "outcome unknown" (it may have left)."""
+        try:
+            return gateway.send(MeterEvent(ev.meter, ev.stripe_customer_id, ev.quantity,
+                                           ev.identifier, ev.occurred_at), ev.idempotency_key)
+        except Exception as exc:
+            log.exception("event %d: the gateway raised", ev.id)
+            return CallResult(Outcome.UNKNOWN, error_class=type(exc).__name__,
+                              message=str(exc)[:1000])
+
+    def _pause_systemic(self, status: int | None, error_class: str | None,
+                        message: str | None) -> None:
+        reason = f"Stripe answered HTTP {status} ({error_class}): {message or ''}".strip()[:500]
+        if store.set_paused(self.engine, paused=True, reason=reason, kind="systemic",
+                            by=self.worker, now=self.clock()):
+            log.error("sending paused for every worker: %s", reason)
+
+    def _record(self, claim: store.Claim, results: list[_LaneResult], busy_ids: list[int],
+                abort: threading.Event, summary: DrainSummary) -> None:
+        attempts = [a for r in results for a in r.attempts]
+        release_now = [i for r in results for i in r.release]
+        release_later = busy_ids + [i for r in results for i in r.release_later]
+        dead = [d for r in results for d in r.dead]
+        now = self.clock()
+        rec = store.record_outcomes(self.engine, claim, attempts, release_ids=release_now,
+                                    dead_without_call=dead, now=now, policy=self.policy,
+                                    rng=self.rng)
+        if release_later:
+            rec.released += store.release(self.engine, claim.token, release_later, now=now,
+                                          delay_seconds=self.settings.poll_interval_seconds)
+        summary.calls += len(attempts)
+        summary.sent += rec.sent
+        summary.retrying += rec.retrying
+        summary.dead += rec.dead
+        summary.released += rec.released
+        summary.fenced += rec.fenced
+        if rec.fenced:
+            log.error("%d outcomes not applied: claim %s had been taken over", rec.fenced,
+                      claim.token)

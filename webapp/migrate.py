@@ -1,0 +1,45 @@
+"""Schema migrations with Alembic, driven from code (no alembic.ini to find at run time)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine
+
+MIGRATIONS = Path(__file__).with_name("migrations")
+
+
+def alembic_config(engine: Engine) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    cfg.set_main_option("sqlalchemy.url", engine.url.render_as_string(hide_password=False))
+    return cfg
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Migrate to ``revision`` (the newest by default); safe to run again."""
+    cfg = alembic_config(engine)
+    with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            # Two replicas starting at once must not both run the same migration.
+            conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7261530041)")
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, revision)
+
+
+def head_revision(engine: Engine) -> str | None:
+    return ScriptDirectory.from_config(alembic_config(engine)).get_current_head()
+
+
+def current_revision(engine: Engine) -> str | None:
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def is_current(engine: Engine) -> bool:
+    """True when the database's schema is at the newest revision."""
+    return current_revision(engine) == head_revision(engine)

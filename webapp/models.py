@@ -1,0 +1,228 @@
+"""The tables. Datetimes are timezone-aware (UTC) on both databases."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    text,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+#: Statuses a drainer may claim from. Kept in one place: the claim predicate and the partial
+#: index that serves it must agree.
+CLAIMABLE = ("pending", "retrying")
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """``timestamptz`` on PostgreSQL; on SQLite a UTC string that reads back timezone-aware."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a timezone-aware column")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+BigID = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class Tenant(Base):
+    """A customer of ours, mapped to the Stripe customer its usage is billed to."""
+
+    __tablename__ = "billing_tenants"
+
+    tenant_id: Mapped[str] = mapped_column(String(100), primary_key=True)
+    name: Mapped[str | None] = mapped_column(String(200))
+    stripe_customer_id: Mapped[str | None] = mapped_column(String(255))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class OutboxEvent(Base):
+    """One usage event waiting for, or done with, delivery to Stripe.
+
+    ``status`` is written only by :mod:`webapp.outbox`; see ``webapp.outbox.states`` for what
+    moves an event out of each status.
+    """
+
+    __tablename__ = "stripe_usage_outbox"
+
+    id: Mapped[int] = mapped_column(BigID, primary_key=True, autoincrement=True)
+    tenant_id: Mapped[str] = mapped_column(String(100))
+    meter: Mapped[str] = mapped_column(String(100))
+    quantity: Mapped[int] = mapped_column(BigInteger)
+    idempotency_key: Mapped[str] = mapped_column(String(100), unique=True)
+    occurred_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    status: Mapped[str] = mapped_column(String(16))
+    attempt_count: Mapped[int] = mapped_column(Integer, default=0)
+    # Every call made for this event, including those that do not count toward the budget.
+    call_count: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    processing_deadline_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    claim_token: Mapped[str | None] = mapped_column(String(32))
+    claimed_by: Mapped[str | None] = mapped_column(String(200))
+    # Fixed at the first attempt: a later change of the tenant's mapping must not change what
+    # a retry sends (Stripe would answer idempotency_error, or bill the wrong customer).
+    stripe_customer_id: Mapped[str | None] = mapped_column(String(255))
+    # Generation of the transport idempotency key; bumped after a 5xx, whose saved answer
+    # Stripe would otherwise replay for ever.
+    key_generation: Mapped[int] = mapped_column(Integer, default=0)
+    first_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    first_unknown_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    sent_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    last_outcome: Mapped[str | None] = mapped_column(String(20))
+    last_error_class: Mapped[str | None] = mapped_column(String(100))
+    last_error_code: Mapped[str | None] = mapped_column(String(100))
+    last_http_status: Mapped[int | None] = mapped_column(Integer)
+    last_error_message: Mapped[str | None] = mapped_column(Text)
+    last_request_id: Mapped[str | None] = mapped_column(String(255))
+    dead_reason: Mapped[str | None] = mapped_column(Text)
+    dead_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    resolved_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    resolved_by: Mapped[str | None] = mapped_column(String(255))
+    resolve_reason: Mapped[str | None] = mapped_column(String(40))
+    resolve_note: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+    __table_args__ = (
+        # The claim: an index scan over due rows only, never over everything ever sent.
+        Index("ix_outbox_claimable", "next_attempt_at", "id",
+              postgresql_where=text("status IN ('pending', 'retrying')"),
+              sqlite_where=text("status IN ('pending', 'retrying')")),
+        # The rescuer: expired claims only.
+        Index("ix_outbox_processing_deadline", "processing_deadline_at",
+              postgresql_where=text("status = 'processing'"),
+              sqlite_where=text("status = 'processing'")),
+        Index("ix_outbox_tenant_created", "tenant_id", "created_at"),
+        Index("ix_outbox_status_updated", "status", "updated_at"),
+    )
+
+    def lane(self) -> tuple[str, str]:
+        """The (Stripe customer, meter) pair Stripe allows one concurrent call for."""
+        return (self.stripe_customer_id or "", self.meter)
+
+
+class DeliveryAttempt(Base):
+    """One call to Stripe for one event, whatever came of it."""
+
+    __tablename__ = "stripe_usage_attempts"
+
+    id: Mapped[int] = mapped_column(BigID, primary_key=True, autoincrement=True)
+    event_id: Mapped[int] = mapped_column(
+        BigID, ForeignKey("stripe_usage_outbox.id", ondelete="CASCADE"), index=True)
+    attempted_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    duration_ms: Mapped[int | None] = mapped_column(Integer)
+    worker: Mapped[str | None] = mapped_column(String(200))
+    claim_token: Mapped[str | None] = mapped_column(String(32))
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))
+    outcome: Mapped[str] = mapped_column(String(20))
+    counted: Mapped[bool] = mapped_column(Boolean, default=True)
+    http_status: Mapped[int | None] = mapped_column(Integer)
+    stripe_request_id: Mapped[str | None] = mapped_column(String(255))
+    error_class: Mapped[str | None] = mapped_column(String(100))
+    error_code: Mapped[str | None] = mapped_column(String(100))
+    error_message: Mapped[str | None] = mapped_column(Text)
+    # False when the worker's claim had been taken over: the outcome was not applied.
+    applied: Mapped[bool] = mapped_column(Boolean, default=True)
+
+    __table_args__ = (Index("ix_attempts_attempted_at", "attempted_at"),)
+
+
+class Control(Base):
+    """Process-wide switches every worker reads, such as "sending paused"."""
+
+    __tablename__ = "outbox_control"
+
+    name: Mapped[str] = mapped_column(String(50), primary_key=True)
+    paused: Mapped[bool] = mapped_column(Boolean, default=False)
+    reason: Mapped[str | None] = mapped_column(Text)
+    # "operator" (a person paused; only a person resumes) or "systemic" (a probe may resume).
+    kind: Mapped[str | None] = mapped_column(String(20))
+    changed_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    changed_by: Mapped[str | None] = mapped_column(String(255))
+
+
+class User(Base):
+    """A person who signs in to the dashboard."""
+
+    __tablename__ = "users"
+
+    id: Mapped[int] = mapped_column(BigID, primary_key=True, autoincrement=True)
+    email: Mapped[str] = mapped_column(String(254), unique=True)
+    password_hash: Mapped[str] = mapped_column(String(255))
+    role: Mapped[str] = mapped_column(String(20))
+    active: Mapped[bool] = mapped_column(Boolean, default=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    last_login_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class AuditEntry(Base):
+    """Who did what to which events, and why. Never updated or deleted."""
+
+    __tablename__ = "audit_log"
+
+    id: Mapped[int] = mapped_column(BigID, primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
+    actor: Mapped[str] = mapped_column(String(255))
+    action: Mapped[str] = mapped_column(String(50))
+    event_ids: Mapped[str | None] = mapped_column(Text)  # comma-separated ids
+    event_count: Mapped[int] = mapped_column(Integer, default=0)
+    reason_code: Mapped[str | None] = mapped_column(String(40))
+    note: Mapped[str | None] = mapped_column(Text)
+
+
+class AuditEvent(Base):
+    """Links an audit entry to each event it touched, so an event's page can list them."""
+
+    __tablename__ = "audit_log_events"
+
+    audit_id: Mapped[int] = mapped_column(
+        BigID, ForeignKey("audit_log.id", ondelete="CASCADE"), primary_key=True)
+    event_id: Mapped[int] = mapped_column(BigID, primary_key=True, index=True)
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware."""
+    return datetime.now(UTC)
+
+
+__all__: list[Any] = [
+    "AuditEntry", "AuditEvent", "Base", "CLAIMABLE", "Control", "DeliveryAttempt",
+    "OutboxEvent", "Tenant", "User", "utcnow",
+]

@@ -1,0 +1,127 @@
+"""``enqueue_usage``: the request path's only call. One INSERT in the caller's transaction."""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime, timedelta
+
+from sqlalchemy import select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from ..models import OutboxEvent, utcnow
+from .states import Status
+
+MAX_QUANTITY = 10**15 - 1          # Stripe: at most 15 significant digits
+MAX_AGE = timedelta(days=35)       # Stripe rejects timestamps older than this
+MAX_AHEAD = timedelta(minutes=5)   # … or further ahead than this
+
+
+class InvalidUsage(ValueError):
+    """The usage cannot be billed as given; the message names the field."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+
+
+class IdempotencyConflict(Exception):
+    """The key is already used by an event with different content: a silent mismatch would
+    bill the wrong amount, customer or time."""
+
+    def __init__(self, key: str, existing: OutboxEvent, differences: list[str]) -> None:
+        super().__init__(
+            f"idempotency_key {key!r} already names event {existing.id} with a different "
+            + ", ".join(differences))
+        self.existing = existing
+        self.differences = differences
+
+
+def default_meter() -> str:
+    """The meter used when an event names none: STRIPE_METER_EVENT_NAME or ``api_requests``."""
+    return os.environ.get("STRIPE_METER_EVENT_NAME") or "api_requests"
+
+
+def _check_text(field: str, value: object, *, ascii_only: bool) -> str:
+    if not isinstance(value, str) or value == "":
+        raise InvalidUsage(field, "must be a non-empty string")
+    if len(value) > 100:
+        raise InvalidUsage(field, f"must be at most 100 characters (got {len(value)})")
+    if ascii_only and not all(" " <= ch <= "~" for ch in value):
+        raise InvalidUsage(field, "must be printable ASCII")
+    if not value.isprintable() or value.strip() != value:
+        raise InvalidUsage(field, "must be printable, without surrounding spaces")
+    return value
+
+
+def validate_usage(*, tenant_id: object, quantity: object, idempotency_key: object,
+                   meter: object, occurred_at: object, now: datetime) -> None:
+    """Raise ``InvalidUsage`` naming the first bad field; return nothing when all are fine."""
+    _check_text("tenant_id", tenant_id, ascii_only=False)
+    _check_text("idempotency_key", idempotency_key, ascii_only=True)
+    _check_text("meter", meter, ascii_only=False)
+    if isinstance(quantity, bool) or not isinstance(quantity, int):
+        raise InvalidUsage("quantity", f"must be an integer, not {type(quantity).__name__}")
+    if quantity <= 0:
+        raise InvalidUsage("quantity", f"must be positive (got {quantity})")
+    if quantity > MAX_QUANTITY:
+        raise InvalidUsage("quantity", "must have at most 15 digits (Stripe's limit)")
+    if not isinstance(occurred_at, datetime):
+        raise InvalidUsage("occurred_at", "must be a datetime")
+    if occurred_at.tzinfo is None or occurred_at.utcoffset() is None:
+        raise InvalidUsage("occurred_at", "must be timezone-aware (a naive datetime is ambiguous)")
+    if occurred_at < now - MAX_AGE:
+        raise InvalidUsage("occurred_at", "is more than 35 days old; Stripe would reject it")
+    if occurred_at > now + MAX_AHEAD:
+        raise InvalidUsage("occurred_at", "is more than 5 minutes in the future")
+
+
+def enqueue_usage(db: Session, *, tenant_id: str, quantity: int, idempotency_key: str,
+                  meter: str | None = None, occurred_at: datetime | None = None,
+                  now: datetime | None = None) -> OutboxEvent:
+    """Record one usage event in the caller's transaction; never commits, never calls Stripe.
+
+    The same ``idempotency_key`` again returns the existing row. The same key with a different
+    tenant, meter, quantity or (when given) occurred_at raises ``IdempotencyConflict``.
+    Bad input raises ``InvalidUsage`` naming the field.
+
+    One ``INSERT … ON CONFLICT (idempotency_key) DO NOTHING RETURNING``: a concurrent
+    transaction inserting the same key makes this one wait for it, then find its row, so both
+    succeed with one row and neither sees an error (the seed's savepoint-plus-IntegrityError
+    did the same with one more round trip, and aborted work on PostgreSQL's side).
+    """
+    now = now or utcnow()
+    meter = default_meter() if meter is None else meter
+    given_time = occurred_at is not None
+    occurred_at = occurred_at if occurred_at is not None else now
+    validate_usage(tenant_id=tenant_id, quantity=quantity, idempotency_key=idempotency_key,
+                   meter=meter, occurred_at=occurred_at, now=now)
+
+    values = dict(tenant_id=tenant_id, meter=meter, quantity=quantity,
+                  idempotency_key=idempotency_key, occurred_at=occurred_at,
+                  status=Status.PENDING.value, attempt_count=0, call_count=0, key_generation=0,
+                  next_attempt_at=now, created_at=now, updated_at=now)
+    dialect = db.get_bind().dialect.name
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    stmt = (insert(OutboxEvent).values(**values)
+            .on_conflict_do_nothing(index_elements=[OutboxEvent.idempotency_key])
+            .returning(OutboxEvent))
+    row = db.scalars(stmt, execution_options={"populate_existing": True}).first()
+    if row is not None:
+        return row
+
+    existing = db.scalars(select(OutboxEvent).where(
+        OutboxEvent.idempotency_key == idempotency_key)).one()
+    differences = []
+    if existing.tenant_id != tenant_id:
+        differences.append("tenant_id")
+    if existing.meter != meter:
+        differences.append("meter")
+    if existing.quantity != quantity:
+        differences.append("quantity")
+    # What Stripe receives is whole seconds; compare that when the caller gave a time.
+    if given_time and int(existing.occurred_at.timestamp()) != int(occurred_at.timestamp()):
+        differences.append("occurred_at")
+    if differences:
+        raise IdempotencyConflict(idempotency_key, existing, differences)
+    return existing

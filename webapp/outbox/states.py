@@ -1,0 +1,194 @@
+"""The event state machine: statuses, outcome classes and pure transition functions.
+
+No database and no clock here: every function takes what it needs and returns what to write,
+so the whole machine is covered by a table test.
+
+Statuses, and what moves an event out of each:
+
+``pending``     enqueued, never tried.             claim → ``processing``
+``retrying``    tried, waiting for next_attempt_at. claim → ``processing``; requeue/resolve n/a
+``processing``  claimed by one worker until processing_deadline_at.
+                outcome → sent / retrying / dead; release (lane busy, claim too short, paused,
+                systemic failure, graceful stop) → back to pending/retrying untouched;
+                deadline passed → the rescuer returns it to pending/retrying.
+``sent``        Stripe has it (200, or the duplicate-identifier 400). Final.
+``dead``        a person must decide: permanent error, retries exhausted, or the outcome is
+                unknown past Stripe's dedupe window. requeue → pending; resolve → resolved.
+``resolved``    a person closed it with a reason (billed manually, duplicate, …). Final.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+
+class Status(StrEnum):
+    PENDING = "pending"
+    PROCESSING = "processing"
+    RETRYING = "retrying"
+    SENT = "sent"
+    DEAD = "dead"
+    RESOLVED = "resolved"
+
+
+ALL_STATUSES = tuple(s.value for s in Status)
+CLAIMABLE = (Status.PENDING.value, Status.RETRYING.value)
+FINAL = (Status.SENT.value, Status.RESOLVED.value)
+
+
+class Outcome(StrEnum):
+    """What one call to Stripe tells us about the event (see STRIPE.md's table)."""
+
+    DELIVERED = "delivered"        # 200, or 400 "An event already exists with identifier"
+    NOT_EXECUTED = "not_executed"  # 429, 409, 503, connection refused: Stripe did nothing
+    UNKNOWN = "unknown"            # timeout / reset after sending, 500/502/504: maybe applied
+    PERMANENT = "permanent"        # any other 400: resending cannot help
+    SYSTEMIC = "systemic"          # 401/403/404 endpoint, missing meter: nobody can send
+
+
+#: Outcomes that spend one of the event's OUTBOX_MAX_ATTEMPTS.
+COUNTED = frozenset({Outcome.DELIVERED, Outcome.UNKNOWN, Outcome.PERMANENT})
+
+DEAD_PAST_WINDOW = "outcome unknown past Stripe's dedupe window"
+DEAD_EXHAUSTED = "retries exhausted"
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The numbers the transitions depend on (from Settings)."""
+
+    max_attempts: int
+    initial_backoff_seconds: float
+    max_backoff_seconds: float
+    dedupe_window_seconds: float
+
+    def backoff(self, attempt: int, rng: random.Random | None = None) -> float:
+        """min(max, initial·2^(attempt−1)), plus up to 25% jitter so retries do not stampede."""
+        base = min(self.max_backoff_seconds,
+                   self.initial_backoff_seconds * (2.0 ** min(max(attempt - 1, 0), 60)))
+        jitter = (rng or random).uniform(0.0, 0.25) if base > 0 else 0.0
+        return base * (1.0 + jitter)
+
+
+@dataclass(frozen=True)
+class EventView:
+    """The fields of an event that its transition depends on."""
+
+    status: str
+    attempt_count: int
+    call_count: int
+    key_generation: int
+    first_unknown_at: datetime | None
+
+
+@dataclass(frozen=True)
+class CallResult:
+    """The classified result of one call (made by the gateway)."""
+
+    outcome: Outcome
+    http_status: int | None = None
+    error_class: str | None = None
+    error_code: str | None = None
+    message: str | None = None
+    request_id: str | None = None
+    retry_after: float | None = None
+    # For UNKNOWN: True when Stripe answered 5xx (it saved that answer under the key, so the
+    # next try needs a fresh key); False for timeouts and lost connections (keep the key).
+    fresh_key: bool = False
+
+
+@dataclass(frozen=True)
+class Transition:
+    """What to write for an event after one call. ``None`` fields are left unchanged."""
+
+    status: str
+    attempt_count: int
+    call_count: int
+    key_generation: int
+    next_attempt_at: datetime | None
+    first_unknown_at: datetime | None
+    sent: bool = False
+    dead_reason: str | None = None
+    counted: bool = True
+
+
+def released_status(ev: EventView) -> str:
+    """Where a claimed event goes back to when it is released without a call."""
+    return Status.PENDING.value if ev.call_count == 0 else Status.RETRYING.value
+
+
+def past_dedupe_window(ev: EventView, now: datetime, policy: Policy) -> bool:
+    """True when a resend could land outside Stripe's dedupe window: never resend then."""
+    if ev.first_unknown_at is None:
+        return False
+    return now - ev.first_unknown_at >= timedelta(seconds=policy.dedupe_window_seconds)
+
+
+def transition(ev: EventView, result: CallResult, *, attempted_at: datetime,
+               now: datetime, policy: Policy, rng: random.Random | None = None) -> Transition:
+    """The event's next state after ``result``, a call started at ``attempted_at``.
+
+    Raises ``ValueError`` for a SYSTEMIC result: those never change the event (the caller
+    releases it and pauses sending).
+    """
+    if ev.status != Status.PROCESSING:
+        raise ValueError(f"only a processing event has an outcome, not {ev.status!r}")
+    if result.outcome is Outcome.SYSTEMIC:
+        raise ValueError("a systemic failure does not change the event; release it")
+    counted = result.outcome in COUNTED
+    attempts = ev.attempt_count + (1 if counted else 0)
+    calls = ev.call_count + 1
+    first_unknown = ev.first_unknown_at
+    generation = ev.key_generation
+
+    if result.outcome is Outcome.DELIVERED:
+        return Transition(Status.SENT.value, attempts, calls, generation, None, first_unknown,
+                          sent=True)
+    if result.outcome is Outcome.PERMANENT:
+        reason = result.message or "permanent error"
+        return Transition(Status.DEAD.value, attempts, calls, generation, None, first_unknown,
+                          dead_reason=reason)
+
+    if result.outcome is Outcome.UNKNOWN:
+        first_unknown = first_unknown or attempted_at
+        if result.fresh_key:
+            generation += 1
+        delay = policy.backoff(attempts, rng)
+    else:  # NOT_EXECUTED: Stripe did nothing; wait as told, without spending the budget.
+        uncounted = calls - attempts
+        delay = result.retry_after if result.retry_after else policy.backoff(uncounted, rng)
+        delay = min(max(delay, 0.0), max(policy.max_backoff_seconds, 1.0))
+
+    if counted and attempts >= policy.max_attempts:
+        return Transition(Status.DEAD.value, attempts, calls, generation, None, first_unknown,
+                          dead_reason=_exhausted_reason(result), counted=counted)
+    next_at = now + timedelta(seconds=delay)
+    probe = EventView(Status.RETRYING.value, attempts, calls, generation, first_unknown)
+    if past_dedupe_window(probe, next_at, policy):
+        return Transition(Status.DEAD.value, attempts, calls, generation, None, first_unknown,
+                          dead_reason=DEAD_PAST_WINDOW, counted=counted)
+    return Transition(Status.RETRYING.value, attempts, calls, generation, next_at, first_unknown,
+                      counted=counted)
+
+
+def _exhausted_reason(result: CallResult) -> str:
+    detail = result.message or result.error_class or result.outcome.value
+    return f"{DEAD_EXHAUSTED} (last: {detail})"
+
+
+def idempotency_key(identifier: str, generation: int) -> str:
+    """The transport key for a call: stable across timeouts, fresh after each 5xx."""
+    return f"{identifier}:{generation}" if generation else identifier
+
+
+def can_requeue(status: str) -> bool:
+    """Only dead events go back to the queue by hand."""
+    return status == Status.DEAD.value
+
+
+def can_resolve(status: str) -> bool:
+    """Only dead events are closed by hand."""
+    return status == Status.DEAD.value

@@ -1,0 +1,96 @@
+"""The in-app drainer: an APScheduler 3 ``BackgroundScheduler`` running ``drain_once``.
+
+With several gunicorn workers on one host, each would start a scheduler; claims keep that
+correct, but it multiplies polling for nothing. So one worker per host and database holds a
+non-blocking file lock and drains; the others try the lock on each tick and take over if its
+holder dies (the kernel drops the lock with the process). Replicas on other hosts drain too:
+that is how sending scales, and the claims and lane locks keep it exactly-once in effect.
+"""
+
+from __future__ import annotations
+
+import atexit
+import fcntl
+import hashlib
+import logging
+import os
+import tempfile
+from typing import IO
+
+from apscheduler.schedulers.background import BackgroundScheduler
+from flask import Flask
+
+log = logging.getLogger(__name__)
+
+
+class HostLock:
+    """An exclusive, non-blocking per-host lock on a file named after the database."""
+
+    def __init__(self, database_url: str) -> None:
+        digest = hashlib.sha256(database_url.encode()).hexdigest()[:16]
+        self.path = os.path.join(tempfile.gettempdir(), f"billing-outbox-drainer-{digest}.lock")
+        self._fh: IO[str] | None = None
+
+    def try_acquire(self) -> bool:
+        if self._fh is not None:
+            return True
+        fh = open(self.path, "a+")  # noqa: SIM115 - held for the life of the process
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            fh.close()
+            return False
+        self._fh = fh
+        return True
+
+    def release(self) -> None:
+        if self._fh is not None:
+            fcntl.flock(self._fh, fcntl.LOCK_UN)
+            self._fh.close()
+            self._fh = None
+
+
+def start_scheduler(app: Flask) -> BackgroundScheduler:
+    """Start the drain job (every OUTBOX_POLL_INTERVAL_SECONDS; coalesced, one at a time)."""
+    from . import services
+
+    svc = services(app)
+    drainer = svc.drainer()
+    lock = HostLock(svc.settings.database_url)
+
+    def tick() -> None:
+        if not lock.try_acquire():
+            return
+        try:
+            # Keep draining while full batches come back, up to a bounded pass.
+            for _ in range(50):
+                summary = drainer.drain_once()
+                if summary.claimed < svc.settings.batch_size or drainer.stopping.is_set():
+                    break
+        except Exception:
+            log.exception("in-app drain pass failed")
+
+    scheduler = BackgroundScheduler(timezone="UTC", job_defaults={
+        "coalesce": True, "max_instances": 1, "misfire_grace_time": None})
+    scheduler.add_job(tick, "interval", seconds=svc.settings.poll_interval_seconds,
+                      id="drain", next_run_time=None)
+    scheduler.start()
+    scheduler.modify_job("drain", next_run_time=_now())
+    svc.extra["scheduler"] = scheduler
+
+    def shutdown() -> None:
+        drainer.request_stop()
+        scheduler.shutdown(wait=True)
+        drainer.close()
+        lock.release()
+
+    svc.extra["scheduler_shutdown"] = shutdown
+    atexit.register(shutdown)
+    log.info("in-app drainer scheduled every %.2fs", svc.settings.poll_interval_seconds)
+    return scheduler
+
+
+def _now():  # type: ignore[no-untyped-def]
+    from datetime import UTC, datetime
+
+    return datetime.now(UTC)

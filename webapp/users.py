@@ -1,0 +1,75 @@
+"""People who sign in to the dashboard: creation, password check, roles."""
+
+from __future__ import annotations
+
+import hmac
+import re
+from datetime import datetime
+
+from sqlalchemy import Engine, func, insert, select
+from sqlalchemy.orm import Session
+from werkzeug.security import check_password_hash, generate_password_hash
+
+from .models import User
+
+ROLES = ("viewer", "operator", "admin")
+ROLE_RANK = {role: i for i, role in enumerate(ROLES)}
+EMAIL_RE = re.compile(r"^[^@\s]{1,64}@[^@\s]{1,190}\.[^@\s]{1,60}$")
+MIN_PASSWORD = 12
+# A real hash of a random password, checked when the email is unknown, so a wrong email and a
+# wrong password take the same time.
+_DUMMY_HASH = generate_password_hash("not-a-real-password-4f1c", method="scrypt")
+
+
+class UserError(ValueError):
+    """Bad input for a user; the message says which."""
+
+
+def hash_password(password: str) -> str:
+    """scrypt (werkzeug's default KDF): salted and deliberately slow."""
+    return generate_password_hash(password, method="scrypt")
+
+
+def create_user(engine: Engine, email: str, password: str, role: str, *, now: datetime) -> int:
+    email = email.strip().lower()
+    if not EMAIL_RE.match(email):
+        raise UserError(f"not an email address: {email!r}")
+    if role not in ROLES:
+        raise UserError(f"role must be one of {', '.join(ROLES)}")
+    if len(password) < MIN_PASSWORD:
+        raise UserError(f"password must be at least {MIN_PASSWORD} characters")
+    with engine.begin() as conn:
+        exists = conn.execute(select(User.id).where(User.email == email)).first()
+        if exists:
+            raise UserError(f"a user {email} already exists")
+        return int(conn.execute(insert(User).values(
+            email=email, password_hash=hash_password(password), role=role, active=True,
+            created_at=now).returning(User.id)).scalar_one())
+
+
+def authenticate(engine: Engine, email: str, password: str) -> User | None:
+    """The active user with this email and password, or None (in constant-ish time)."""
+    email = (email or "").strip().lower()
+    with Session(engine, expire_on_commit=False) as db:
+        user = db.scalars(select(User).where(User.email == email)).first()
+    if user is None:
+        check_password_hash(_DUMMY_HASH, password or "")
+        return None
+    ok = check_password_hash(user.password_hash, password or "")
+    return user if ok and user.active else None
+
+
+def user_count(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(select(func.count()).select_from(User)).scalar_one())
+
+
+def has_role(role: str | None, needed: str) -> bool:
+    return role in ROLE_RANK and ROLE_RANK[role] >= ROLE_RANK[needed]
+
+
+def same_token(a: str | None, b: str | None) -> bool:
+    """Constant-time comparison of two secrets."""
+    if not a or not b:
+        return False
+    return hmac.compare_digest(a.encode(), b.encode())
