@@ -101,7 +101,7 @@ class CircuitBreaker:
 
     FAILING = (Outcome.NOT_EXECUTED, Outcome.UNKNOWN)
 
-    def __init__(self, *, window: int = 20, threshold: float = 0.6, min_calls: int = 5,
+    def __init__(self, *, window: int = 20, threshold: float = 0.6, min_calls: int = 10,
                  cooldown: float = 2.0, max_cooldown: float = 60.0,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         self.window, self.threshold, self.min_calls = window, threshold, min_calls
@@ -125,20 +125,24 @@ class CircuitBreaker:
         return None if state == "closed" else (0 if state == "open" else 1)
 
     def record(self, outcome: Outcome) -> None:
+        """Count one call's outcome. While open, any definite answer (Stripe is reachable)
+        closes the breaker; a failure after the cool-down (the probe's) re-opens it for twice
+        as long."""
         with self._lock:
             failing = outcome in self.FAILING
-            if self._open_until is not None:      # a probe's answer
-                if failing:
-                    self._cooldown = min(self.max_cooldown, self._cooldown * 2)
-                    self._open_until = self._monotonic() + self._cooldown
-                else:
+            now = self._monotonic()
+            if self._open_until is not None:
+                if not failing:
                     self._open_until, self._cooldown = None, self.base_cooldown
                     self._recent.clear()
+                elif now >= self._open_until:
+                    self._cooldown = min(self.max_cooldown, self._cooldown * 2)
+                    self._open_until = now + self._cooldown
                 return
             self._recent.append(failing)
-            if (len(self._recent) >= self.min_calls
+            if (failing and len(self._recent) >= self.min_calls
                     and sum(self._recent) / len(self._recent) >= self.threshold):
-                self._open_until = self._monotonic() + self._cooldown
+                self._open_until = now + self._cooldown
                 log.warning("circuit breaker open: %d of the last %d calls failed; holding "
                             "claims for %.1fs", sum(self._recent), len(self._recent),
                             self._cooldown)

@@ -854,7 +854,7 @@ class FakeStripe:
             if not owned:
                 resp = self._idempotency_conflict(record, normalized, idem_key)
                 return (_DROP if drop_after else resp), None, drop_after or kind == "slow"
-            release = self._releaser(record_key, record)
+            release = self._releaser(record_key, record, request_id)
 
         # 4. Validation: a 400 that is not saved.
         invalid = self._validate(params)
@@ -876,7 +876,7 @@ class FakeStripe:
         return resp, release, kind == "slow"
 
     def _releaser(
-        self, record_key: tuple[str, str], record: _IdemRecord
+        self, record_key: tuple[str, str], record: _IdemRecord, request_id: str
     ) -> Callable[[_Response | None], None]:
         """Return the function that saves the response under the key or frees the key."""
 
@@ -887,7 +887,7 @@ class FakeStripe:
                 if resp is not None and resp.save:
                     record.status = resp.status
                     record.body = resp.body
-                    record.request_id = _request_id()
+                    record.request_id = request_id
                 else:
                     del self._idem[record_key]
 

@@ -1,0 +1,176 @@
+"""Shared fixtures: a fresh database per test on SQLite and on PostgreSQL, the fake Stripe,
+settings, the Flask app, and helpers to run real worker processes.
+
+PostgreSQL tests use TEST_DATABASE_URL (default: the local server's ``test`` database), each in
+a schema of its own so committed data and real processes never see another test's rows. When
+no server answers they skip with the reason, unless REQUIRE_POSTGRES=1, where they fail.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+from sqlalchemy import Engine, create_engine, text
+
+from webapp.config import Settings
+from webapp.db import make_engine
+from webapp.migrate import upgrade
+
+ROOT = Path(__file__).resolve().parent.parent
+PG_URL = os.environ.get("TEST_DATABASE_URL",
+                        "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+REQUIRE_POSTGRES = os.environ.get("REQUIRE_POSTGRES") == "1"
+TEST_API_KEY = "sk_test_billingoutbox_0123456789"
+
+_pg_status: dict[str, str | None] = {}
+
+
+def postgres_unavailable() -> str | None:
+    """None when the PostgreSQL server answers, else why not (cached)."""
+    if "reason" not in _pg_status:
+        try:
+            eng = create_engine(PG_URL, connect_args={"connect_timeout": 3})
+            with eng.connect() as conn:
+                conn.execute(text("SELECT 1"))
+            eng.dispose()
+            _pg_status["reason"] = None
+        except Exception as exc:  # noqa: BLE001
+            _pg_status["reason"] = f"PostgreSQL at {PG_URL} unavailable: {type(exc).__name__}"
+    return _pg_status["reason"]
+
+
+def require_postgres() -> None:
+    reason = postgres_unavailable()
+    if reason is None:
+        return
+    if REQUIRE_POSTGRES:
+        pytest.fail(f"REQUIRE_POSTGRES=1 but {reason}")
+    pytest.skip(reason)
+
+
+def pg_schema_url(schema: str) -> str:
+    sep = "&" if "?" in PG_URL else "?"
+    return f"{PG_URL}{sep}options={quote(f'-csearch_path={schema}')}"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A migrated, empty database on each backend."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'outbox.sqlite3'}"
+        engine = make_engine(url)
+        upgrade(engine)
+        engine.dispose()
+        yield url
+        return
+    yield from _pg_database()
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A migrated, empty PostgreSQL schema (for tests that prove cross-process guarantees)."""
+    yield from _pg_database()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    url = f"sqlite:///{tmp_path / 'outbox.sqlite3'}"
+    engine = make_engine(url)
+    upgrade(engine)
+    engine.dispose()
+    return url
+
+
+def _pg_database() -> Iterator[str]:
+    require_postgres()
+    schema = f"t_{secrets.token_hex(6)}"
+    admin = create_engine(PG_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    url = pg_schema_url(schema)
+    engine = make_engine(url)
+    upgrade(engine)
+    engine.dispose()
+    try:
+        yield url
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
+@pytest.fixture
+def engine(db_url: str) -> Iterator[Engine]:
+    eng = make_engine(db_url)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def fake_stripe() -> Iterator[Any]:
+    from webapp.testing.fake_stripe import FakeStripe
+
+    fake = FakeStripe().start()
+    try:
+        yield fake
+    finally:
+        fake.stop()
+
+
+def make_settings(db_url: str, **overrides: Any) -> Settings:
+    base = Settings(database_url=db_url, secret_key="test-secret", testing=True,
+                    stripe_api_key=TEST_API_KEY, stripe_timeout_seconds=5.0,
+                    stripe_max_requests_per_second=10_000, initial_backoff_seconds=0.05,
+                    max_backoff_seconds=1.0, claim_timeout_seconds=30.0,
+                    poll_interval_seconds=0.05)
+    return base.with_overrides(**overrides)
+
+
+@pytest.fixture
+def settings(db_url: str, fake_stripe: Any) -> Settings:
+    return make_settings(db_url, stripe_api_base=fake_stripe.base_url)
+
+
+def worker_env(db_url: str, api_base: str | None = None, **extra: str) -> dict[str, str]:
+    """The environment of a real ``billing-outbox`` process in tests."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "STRIPE_"))}
+    env.update(DATABASE_URL=db_url, SECRET_KEY="test-secret", STRIPE_API_KEY=TEST_API_KEY,
+               STRIPE_TIMEOUT_SECONDS="5", STRIPE_MAX_REQUESTS_PER_SECOND="10000",
+               OUTBOX_INITIAL_BACKOFF_SECONDS="0.05", OUTBOX_MAX_BACKOFF_SECONDS="1",
+               OUTBOX_CLAIM_TIMEOUT_SECONDS="30", OUTBOX_POLL_INTERVAL_SECONDS="0.05",
+               PYTHONUNBUFFERED="1")
+    if api_base:
+        env["STRIPE_API_BASE"] = api_base
+    env.update(extra)
+    return env
+
+
+def cli(*args: str, env: dict[str, str], input: str | None = None,
+        timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run ``billing-outbox`` as a user would, in a process of its own."""
+    return subprocess.run([sys.executable, "-m", "webapp", *args], env=env, input=input,
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def start_worker(env: dict[str, str], log_path: Path | None = None) -> subprocess.Popen[bytes]:
+    out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
+    return subprocess.Popen([sys.executable, "-m", "webapp", "worker"], env=env, cwd=ROOT,
+                            stdout=out, stderr=subprocess.STDOUT)
+
+
+def wait_for(predicate: Any, timeout: float, interval: float = 0.1, message: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {message or predicate}")

@@ -1,0 +1,5 @@
+"""``python -m webapp`` is ``billing-outbox``."""
+
+from .cli import main
+
+main()
