@@ -81,7 +81,7 @@ def serve(host: str, port: int, workers: int) -> NoReturn:
     args = [sys.executable, "-m", "gunicorn", "--workers", str(workers), "--threads", "4",
             "--bind", f"{host}:{port}", "--graceful-timeout", "30",
             "--access-logfile", "-", "--no-control-socket", "webapp.wsgi:app"]
-    os.execve(sys.executable, args, env)
+    os.execve(sys.executable, args, env)  # noqa: S606 - fixed argv, no shell
 
 
 @click.command("worker")
@@ -290,7 +290,8 @@ def _known_error(exc: BaseException) -> str | None:
         text = str(exc.orig) if getattr(exc, "orig", None) is not None else str(exc)
         first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
         if "no such table" in first or "does not exist" in first:
-            return f"the database schema is missing or old ({first}); run: billing-outbox db upgrade"
+            return (f"the database schema is missing or old ({first}); "
+                    "run: billing-outbox db upgrade")
         return f"database error: {first}"
     return None
 

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 #: Where the embedded default keeps its database file and generated secret key.
 INSTANCE_DIR = Path(os.environ.get("BILLING_OUTBOX_INSTANCE_DIR", Path.cwd() / "instance"))
@@ -184,7 +185,8 @@ def _url(name: str, raw: str | None, default: str) -> str:
     if not raw:
         return default
     url = raw.strip().rstrip("/")
-    if not url.startswith(("http://", "https://")) or "://" == url[-3:]:
+    parsed = urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
         raise ConfigError(f"{name} must be an http(s) URL, got {raw!r}")
     return url
 

@@ -33,7 +33,7 @@ class OperationError(ValueError):
     """A person's request cannot be carried out; the message says why. Nothing changed."""
 
 
-# -- tenants ----------------------------------------------------------------------------------------
+# -- tenants ---------------------------------------------------------------------------------
 
 def set_tenant(engine: Engine, tenant_id: str, *, stripe_customer_id: str | None,
                name: str | None, now: datetime) -> None:
