@@ -7,17 +7,19 @@ and the fake's own record of what was applied are asserted.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import requests
@@ -84,6 +86,18 @@ def params(
     }
 
 
+def headers_of(err: stripe.StripeError) -> Mapping[str, str]:
+    """The response headers of an SDK error (case-insensitive, as requests gives them)."""
+    assert err.headers is not None
+    return err.headers
+
+
+def error_of(err: stripe.StripeError) -> dict[str, Any]:
+    """The ``error`` object of an SDK error's JSON body."""
+    assert isinstance(err.json_body, dict)
+    return cast(dict[str, Any], err.json_body["error"])
+
+
 def send(client: Any, p: dict[str, Any], key: str) -> Any:
     return client.v1.billing.meter_events.create(params=p, options={"idempotency_key": key})
 
@@ -132,23 +146,21 @@ def test_duplicate_identifier_is_a_400_without_code(fake: FakeStripe, client: An
     assert err.code is None
     assert str(err.user_message) == "An event already exists with identifier evt-dup."
     assert err.user_message.startswith("An event already exists with identifier")
-    assert err.headers["Stripe-Should-Retry"] == "false"
-    assert err.request_id.startswith("req_")
-    assert err.json_body["error"]["type"] == "invalid_request_error"
-    assert "code" not in err.json_body["error"]
+    assert headers_of(err)["Stripe-Should-Retry"] == "false"
+    assert (err.request_id or "").startswith("req_")
+    assert error_of(err)["type"] == "invalid_request_error"
+    assert "code" not in error_of(err)
     assert fake.duplicate_identifier_rejections() == 1
     assert fake.accepted()["evt-dup"].value == "3"  # the first one stays
     assert fake.accept_count() == 1
 
 
-def test_duplicate_identifier_400_is_not_saved_under_the_key(
-    fake: FakeStripe, client: Any
-) -> None:
+def test_duplicate_identifier_400_is_not_saved_under_the_key(fake: FakeStripe, client: Any) -> None:
     send(client, params("evt-dup"), "k1")
     for _ in range(2):
         with pytest.raises(stripe.InvalidRequestError) as info:
             send(client, params("evt-dup"), "k2")
-        assert "Idempotent-Replayed" not in info.value.headers
+        assert "Idempotent-Replayed" not in headers_of(info.value)
     assert fake.duplicate_identifier_rejections() == 2
 
 
@@ -173,7 +185,7 @@ def test_same_key_different_params_is_an_idempotency_error(fake: FakeStripe, cli
         send(client, params("evt-1", timestamp=int(NOW) - 30), "k1")
 
     assert info.value.http_status == 400
-    assert info.value.json_body["error"]["type"] == "idempotency_error"
+    assert error_of(info.value)["type"] == "idempotency_error"
     assert "same parameters" in info.value.user_message
     assert fake.accept_count() == 1
 
@@ -199,14 +211,14 @@ def test_saved_5xx_is_replayed_and_applied_per_flag(
     with pytest.raises(stripe.APIError) as first:
         send(client, params("evt-5xx"), "k1")
     assert first.value.http_status == int(status)
-    assert first.value.json_body["error"]["type"] == "api_error"
+    assert error_of(first.value)["type"] == "api_error"
     assert ("evt-5xx" in fake.accepted()) is apply
 
     # Same key, same params: Stripe replays the saved 5xx (no fault is queued any more).
     with pytest.raises(stripe.APIError) as replay:
         send(client, params("evt-5xx"), "k1")
     assert replay.value.http_status == int(status)
-    assert replay.value.headers["Idempotent-Replayed"] == "true"
+    assert headers_of(replay.value)["Idempotent-Replayed"] == "true"
     assert replay.value.http_body == first.value.http_body
 
     # A fresh key: the identifier decides.
@@ -231,7 +243,7 @@ def test_429_carries_retry_after_and_is_not_saved(fake: FakeStripe, client: Any)
         send(client, params("evt-1"), "k1")
 
     assert info.value.http_status == 429
-    assert info.value.headers["Retry-After"] == "7"
+    assert headers_of(info.value)["Retry-After"] == "7"
     assert fake.accepted() == {}
     # Not saved: the same key now executes.
     assert send(client, params("evt-1"), "k1").identifier == "evt-1"
@@ -259,7 +271,7 @@ def test_queued_409_is_an_api_error_with_key_in_use_code(fake: FakeStripe, clien
         send(client, params("evt-1"), "k1")
 
     assert info.value.http_status == 409
-    assert info.value.json_body["error"]["code"] == "idempotency_key_in_use"
+    assert error_of(info.value)["code"] == "idempotency_key_in_use"
     assert fake.accepted() == {}
     assert send(client, params("evt-1"), "k1").identifier == "evt-1"
 
@@ -278,7 +290,7 @@ def test_concurrent_request_with_the_same_key_gets_409(fake: FakeStripe, client:
     first.join(5)
 
     assert info.value.http_status == 409
-    assert info.value.json_body["error"]["code"] == "idempotency_key_in_use"
+    assert error_of(info.value)["code"] == "idempotency_key_in_use"
     assert len(results) == 1 and results[0].identifier == "evt-1"  # type: ignore[attr-defined]
     assert fake.accept_count() == 1
 
@@ -372,7 +384,9 @@ def test_missing_key_is_401(fake: FakeStripe) -> None:
 @pytest.mark.parametrize(
     ("status", "exc"), [("401", stripe.AuthenticationError), ("403", stripe.PermissionError)]
 )
-def test_queued_auth_faults(fake: FakeStripe, client: Any, status: str, exc: type) -> None:
+def test_queued_auth_faults(
+    fake: FakeStripe, client: Any, status: str, exc: type[stripe.StripeError]
+) -> None:
     fake.fail_next(status)
     with pytest.raises(exc) as info:
         send(client, params(), "k1")
@@ -441,7 +455,7 @@ def test_validation_400s(
     assert err.code == code
     assert message_part in err.user_message
     assert not err.user_message.startswith("An event already exists")
-    assert err.headers["Stripe-Should-Retry"] == "false"
+    assert headers_of(err)["Stripe-Should-Retry"] == "false"
     assert fake.accepted() == {}
     # Validation 400s are not saved: the same key with corrected params executes.
     assert send(client, params(), "k1").identifier == "evt-1"
@@ -525,10 +539,8 @@ def test_random_faults_are_deterministic_for_a_seed(clock: Clock) -> None:
             f.set_faults(error_5xx_rate=0.3, rate_limit_rate=0.2, unavailable_rate=0.1)
             c = make_client(f.base_url)
             for i in range(30):
-                try:
+                with contextlib.suppress(stripe.StripeError):
                     send(c, params(f"e{i}"), f"k{i}")
-                except stripe.StripeError:
-                    pass
             return [e["status"] for e in f.request_log()]
 
     first, second, other = run(7), run(7), run(8)
@@ -596,10 +608,16 @@ def test_runs_as_a_process_with_control_endpoints() -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        # Unbuffered output would hide a missing flush of the READY line.
+        env={
+            **{k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"},
+            "PYTHONPATH": str(REPO_ROOT),
+        },
     )
     try:
         assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], 15)
+        assert ready, "no READY line within 15 s"
         line = proc.stdout.readline().strip()
         assert line.startswith("READY http://127.0.0.1:")
         base = line.split(" ", 1)[1]

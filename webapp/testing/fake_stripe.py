@@ -30,7 +30,12 @@ idempotency key still held, then the response is saved under the key and written
 
 Run as a process (``python -m webapp.testing.fake_stripe --port 12111``) it prints
 ``READY http://127.0.0.1:PORT`` and serves until SIGTERM; the ``/_fake/`` control endpoints
-(state, faults, fail_next, latency, reset) let another process drive it.
+(``GET state``; ``POST faults``, ``fail_next``, ``latency``, ``reset``, ``meters``,
+``auth_failure``, each taking a JSON object) let another process drive it. They need no auth,
+are served in-process too, and are not counted as calls.
+
+A call counts as in flight for its lane from right after its body is parsed until just before
+its response is written; the latency and ``slow`` sleeps happen while in flight.
 """
 
 from __future__ import annotations
@@ -264,6 +269,12 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             self.server.fake._untrack(self.connection)
 
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """Protocol errors (bad request line, unsupported method) also get a JSON body."""
+        self.close_connection = True
+        short = message or self.responses.get(code, ("Error",))[0]
+        self.send(_error(code, "invalid_request_error", short))
+
     def version_string(self) -> str:
         """The ``Server`` header."""
         return self.server_version
@@ -336,12 +347,14 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(resp.body)))
         self.send_header("Request-Id", request_id or _request_id())
-        version = self.headers.get("Stripe-Version")
-        if version:
-            self.send_header("Stripe-Version", version)
-        idem_key = self.headers.get("Idempotency-Key")
-        if idem_key:
-            self.send_header("Idempotency-Key", idem_key)
+        headers = getattr(self, "headers", None)  # absent when the request line was bad
+        if headers is not None:
+            version = headers.get("Stripe-Version")
+            if version:
+                self.send_header("Stripe-Version", version)
+            idem_key = headers.get("Idempotency-Key")
+            if idem_key:
+                self.send_header("Idempotency-Key", idem_key)
         for name, value in resp.headers:
             self.send_header(name, value)
         if self.server.fake._outage:
@@ -764,23 +777,14 @@ class FakeStripe:
         resp: _Response | None = None
         release: Callable[[_Response | None], None] | None = None
         fault_applied = False
-        try:
-            resp, release, fault_applied = self._process(
-                handler, pairs, params, idem_key, request_id, fault
-            )
-            delay = latency + (fault.seconds if fault is not None and fault.kind == "slow" else 0)
-            if delay > 0:
-                time.sleep(delay)
-            if release is not None:
-                release(resp)
-                release = None
-            if resp is _DROP:
-                handler.close_connection = True
-            else:
-                handler.send(resp, request_id)
-        finally:
-            if release is not None:  # an exception before the response was settled
-                release(None)
+        settled = False
+
+        def settle() -> None:
+            # Runs just before the response is written (or the connection dropped), so that a
+            # client can never see the answer while its call still counts as in flight: a
+            # sequential caller on another connection must not be counted as an overlap.
+            nonlocal settled
+            settled = True
             with self._lock:
                 self._in_flight -= 1
                 if lane is not None:
@@ -795,6 +799,27 @@ class FakeStripe:
                 entry["replayed"] = resp is not None and resp.replayed
                 if entry["identifier"] is None and resp is not None and resp.status == 200:
                     entry["identifier"] = json.loads(resp.body).get("identifier")
+
+        try:
+            resp, release, fault_applied = self._process(
+                handler, pairs, params, idem_key, request_id, fault
+            )
+            delay = latency + (fault.seconds if fault is not None and fault.kind == "slow" else 0)
+            if delay > 0:
+                time.sleep(delay)
+            if release is not None:
+                release(resp)
+                release = None
+            settle()
+            if resp is _DROP:
+                handler.close_connection = True
+            else:
+                handler.send(resp, request_id)
+        finally:
+            if release is not None:  # an exception before the response was settled
+                release(None)
+            if not settled:
+                settle()
 
     def _process(
         self,
