@@ -35,6 +35,11 @@ from .outbox import store
 from .outbox.states import DEAD_PAST_WINDOW, CallResult, Outcome, Policy, past_dedupe_window
 from .stripe_gateway import Gateway, MeterEvent, StripeGateway
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not on Windows: lanes are then per process only
+    fcntl = None  # type: ignore[assignment]
+
 log = logging.getLogger(__name__)
 
 Lane = tuple[str, str]
@@ -58,17 +63,23 @@ def gateway_from(settings: Settings) -> Gateway | None:
     if not settings.stripe_api_key:
         return None
     return StripeGateway(settings.stripe_api_key, api_base=settings.stripe_api_base,
-                         timeout_seconds=settings.stripe_timeout_seconds)
+                         timeout_seconds=settings.stripe_timeout_seconds,
+                         default_meter=settings.stripe_meter_event_name)
 
 
 # -- per-process helpers ---------------------------------------------------------------------------
 
 class RateLimiter:
-    """A token bucket: at most ``rate`` calls per second in this process, bursts of one second."""
+    """A token bucket: at most ``rate`` calls per second in this process, in every second.
+
+    The bucket holds one token, so calls are spaced ``1/rate`` apart: a bucket a second deep
+    would let a full bucket's burst and a second's refill land in the same second (twice the
+    ceiling, which Stripe's per-second limit answers with 429s).
+    """
 
     def __init__(self, rate: float) -> None:
         self.rate = rate
-        self.capacity = max(1.0, rate)
+        self.capacity = 1.0
         self._tokens = self.capacity
         self._at = time.monotonic()
         self._lock = threading.Lock()
@@ -155,10 +166,21 @@ def lane_key(lane: Lane) -> int:
     return int.from_bytes(digest, "big", signed=True)
 
 
+def _sqlite_lock_path(engine: Engine | None) -> str | None:
+    """The lane lock file next to a SQLite database file (None for in-memory databases)."""
+    if engine is None or engine.dialect.name != "sqlite":
+        return None
+    database = engine.url.database
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return None
+    return os.path.abspath(database) + ".lanes"
+
+
 class LaneLocks:
-    """One call in flight per lane: in this process (a set) and, on PostgreSQL, across every
-    process (session advisory locks on a dedicated connection, which die with the process, so
-    a SIGKILLed worker's lanes are free again at once). Busy lanes are skipped, never waited on.
+    """One call in flight per lane: in this process (a set) and across every process — on
+    PostgreSQL with session advisory locks on a dedicated connection, on SQLite with byte-range
+    locks (``fcntl``) in a file next to the database. Both die with the process, so a
+    SIGKILLed worker's lanes are free again at once. Busy lanes are skipped, never waited on.
     """
 
     def __init__(self, engine: Engine | None) -> None:
@@ -167,6 +189,10 @@ class LaneLocks:
         self._held: set[Lane] = set()
         self._mutex = threading.Lock()
         self._conn: Connection | None = None
+        # SQLite: several processes (worker, gunicorn workers) may share one database file.
+        self._lock_path = _sqlite_lock_path(engine) if fcntl is not None else None
+        self._fd: int | None = None
+        self._fd_pid: int | None = None
 
     def busy(self) -> set[Lane]:
         with self._mutex:
@@ -178,7 +204,12 @@ class LaneLocks:
             wanted = [lane for lane in dict.fromkeys(lanes) if lane not in self._held]
             if not wanted:
                 return set()
-            got = set(wanted) if self._engine is None else self._pg_try(wanted)
+            if self._engine is not None:
+                got = self._pg_try(wanted)
+            elif self._lock_path is not None:
+                got = self._file_try(wanted)
+            else:
+                got = set(wanted)
             self._held |= got
             return got
 
@@ -190,6 +221,8 @@ class LaneLocks:
             self._held -= set(mine)
             if self._engine is not None:
                 self._pg_unlock(mine)
+            elif self._lock_path is not None:
+                self._file_unlock(mine)
 
     def close(self) -> None:
         with self._mutex:
@@ -197,6 +230,49 @@ class LaneLocks:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+            if self._fd is not None:
+                if self._fd_pid == os.getpid():
+                    os.close(self._fd)  # releases every lock of this process on the file
+                self._fd = None
+
+    # -- SQLite: byte-range locks, one byte per lane at a 62-bit hash of it ------------------
+    @staticmethod
+    def _offset(lane: Lane) -> int:
+        return lane_key(lane) & ((1 << 62) - 1)
+
+    def _lock_fd(self) -> int:
+        if self._fd is None or self._fd_pid != os.getpid():  # (re)open after a fork
+            assert self._lock_path is not None
+            self._fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+            self._fd_pid = os.getpid()
+        return self._fd
+
+    def _file_try(self, lanes: list[Lane]) -> set[Lane]:
+        assert fcntl is not None
+        try:
+            fd = self._lock_fd()
+        except OSError:
+            log.exception("lane lock file %s unusable; skipping these lanes for now",
+                          self._lock_path)
+            return set()
+        got: set[Lane] = set()
+        for lane in lanes:
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, self._offset(lane))
+            except OSError:
+                continue  # held by another process
+            got.add(lane)
+        return got
+
+    def _file_unlock(self, lanes: list[Lane]) -> None:
+        assert fcntl is not None
+        if self._fd is None or self._fd_pid != os.getpid():
+            return
+        for lane in lanes:
+            try:
+                fcntl.lockf(self._fd, fcntl.LOCK_UN, 1, self._offset(lane))
+            except OSError:
+                log.exception("lane unlock failed")
 
     def _connection(self) -> Connection:
         if self._conn is None or self._conn.closed or self._conn.invalidated:
@@ -477,6 +553,8 @@ class Drainer:
     def _pause_systemic(self, status: int | None, error_class: str | None,
                         message: str | None) -> None:
         reason = f"Stripe answered HTTP {status} ({error_class}): {message or ''}".strip()[:500]
+        # The next probe from this worker waits a full interval, not its very next pass.
+        self._last_probe = time.monotonic()
         if store.set_paused(self.engine, paused=True, reason=reason, kind="systemic",
                             by=self.worker, now=self.clock()):
             log.error("sending paused for every worker: %s", reason)

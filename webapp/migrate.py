@@ -16,7 +16,9 @@ MIGRATIONS = Path(__file__).with_name("migrations")
 def alembic_config(engine: Engine) -> Config:
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS))
-    cfg.set_main_option("sqlalchemy.url", engine.url.render_as_string(hide_password=False))
+    # configparser treats "%" as interpolation; URLs carry %-escapes (e.g. options=-c…%3D…).
+    url = engine.url.render_as_string(hide_password=False).replace("%", "%%")
+    cfg.set_main_option("sqlalchemy.url", url)
     return cfg
 
 

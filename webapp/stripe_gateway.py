@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Protocol
 
@@ -51,8 +51,9 @@ class StripeGateway:
     """
 
     def __init__(self, api_key: str, *, api_base: str, timeout_seconds: float,
-                 connect_timeout_seconds: float = 3.05) -> None:
+                 connect_timeout_seconds: float = 3.05, default_meter: str | None = None) -> None:
         self._api_key = api_key
+        self._default_meter = default_meter
         self._base = api_base.rstrip("/")
         self._timeout = (connect_timeout_seconds, timeout_seconds)
         # Proxy settings are read from the environment once, here: requests would otherwise
@@ -83,7 +84,15 @@ class StripeGateway:
                 params=event.params(),  # type: ignore[arg-type]
                 options={"idempotency_key": idempotency_key})
         except stripe.StripeError as exc:
-            return classify_error(exc)
+            result = classify_error(exc)
+            if (self._default_meter is not None and event.event_name == self._default_meter
+                    and result.outcome is Outcome.PERMANENT and _no_such_meter(exc)):
+                # The configured default meter (STRIPE_METER_EVENT_NAME) is missing or inactive:
+                # every event on it would fail alike, so this is systemic (pause sending, touch
+                # no event) rather than a dead letter per event; a probe resumes sending once
+                # the meter exists. A missing meter named by one event alone stays permanent.
+                return replace(result, outcome=Outcome.SYSTEMIC)
+            return result
         return CallResult(Outcome.DELIVERED, http_status=200)
 
 
@@ -112,6 +121,17 @@ def classify_error(exc: stripe.StripeError) -> CallResult:
         # Stripe saved this answer under the key and would replay it: use a fresh key.
         return CallResult(Outcome.UNKNOWN, fresh_key=True, **base)  # type: ignore[arg-type]
     return CallResult(Outcome.PERMANENT, **base)  # type: ignore[arg-type]
+
+
+def _no_such_meter(exc: stripe.StripeError) -> bool:
+    """A 400 about ``event_name``: no active meter has it (the configured name's length and
+    characters are checked at start-up, so nothing else about it can be wrong)."""
+    if exc.http_status != 400 or isinstance(exc, stripe.IdempotencyError):
+        return False
+    if getattr(exc.error, "param", None) == "event_name":
+        return True
+    message = _message(exc).lower()
+    return "no active meter" in message or "no such meter" in message
 
 
 def _message(exc: stripe.StripeError) -> str:

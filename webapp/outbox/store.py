@@ -16,6 +16,8 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Connection, Engine, and_, bindparam, case, func, insert, or_, select, text
 from sqlalchemy import update as sa_update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from ..models import Control, DeliveryAttempt, OutboxEvent, Tenant
 from .states import (
@@ -305,16 +307,23 @@ def set_paused(engine: Engine, *, paused: bool, reason: str | None, kind: str, b
     """Pause or resume sending. ``only_kind``: change it only if the current pause is of that
     kind (a probe resumes a systemic pause, never a person's). Returns whether it changed."""
     with engine.begin() as conn:
+        # Several lanes (threads, processes) can meet the same 401 at once: make sure the row
+        # exists, then lock it, so concurrent callers queue here instead of racing to INSERT
+        # (a unique violation on PostgreSQL that failed the drain pass).
+        dialect_insert = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
+        conn.execute(dialect_insert(CONTROL).values(name=SENDING, paused=False)
+                     .on_conflict_do_nothing(index_elements=[CONTROL.c.name]))
+        conn.execute(select(CONTROL.c.name).where(CONTROL.c.name == SENDING).with_for_update())
         current = pause_state(conn)
         if only_kind is not None and (not current.paused or current.kind != only_kind):
             return False
         if current.paused == paused and current.reason == reason:
             return False
+        if paused and current.paused and current.kind == "operator" and kind != "operator":
+            return False  # a systemic cause never replaces a person's pause (a probe could lift it)
         values = dict(paused=paused, reason=reason if paused else None,
                       kind=kind if paused else None, changed_at=now, changed_by=by)
-        done = conn.execute(sa_update(CONTROL).where(CONTROL.c.name == SENDING).values(**values))
-        if done.rowcount == 0:
-            conn.execute(insert(CONTROL).values(name=SENDING, **values))
+        conn.execute(sa_update(CONTROL).where(CONTROL.c.name == SENDING).values(**values))
         return True
 
 
