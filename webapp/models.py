@@ -131,6 +131,26 @@ class OutboxEvent(Base):
               sqlite_where=text("status = 'processing'")),
         Index("ix_outbox_tenant_created", "tenant_id", "created_at"),
         Index("ix_outbox_status_updated", "status", "updated_at"),
+        # The dashboard's read side (migration 0002; see webapp/queries.py for the queries).
+        # Everything not yet sent, covering (on PostgreSQL) the per-status counts, per-tenant
+        # usage, retry histograms and 35-day alerts without touching the 95% of rows sent.
+        Index("ix_outbox_unsent", "status", "occurred_at",
+              postgresql_include=["tenant_id", "meter", "quantity", "stripe_customer_id",
+                                  "attempt_count", "last_outcome", "last_error_code",
+                                  "last_http_status"],
+              postgresql_where=text("status <> 'sent'"), sqlite_where=text("status <> 'sent'")),
+        Index("ix_outbox_sent_at", "sent_at",
+              postgresql_where=text("status = 'sent'"), sqlite_where=text("status = 'sent'")),
+        Index("ix_outbox_waiting_created", "created_at",
+              postgresql_where=text("status IN ('pending', 'processing', 'retrying')"),
+              sqlite_where=text("status IN ('pending', 'processing', 'retrying')")),
+        Index("ix_outbox_dead", "dead_at", "id",
+              postgresql_where=text("status = 'dead'"), sqlite_where=text("status = 'dead'")),
+        Index("ix_outbox_dead_tenant", "tenant_id", "dead_at", "id",
+              postgresql_where=text("status = 'dead'"), sqlite_where=text("status = 'dead'")),
+        Index("ix_outbox_resolved", "dead_at", "id",
+              postgresql_where=text("status = 'resolved'"),
+              sqlite_where=text("status = 'resolved'")),
     )
 
     def lane(self) -> tuple[str, str]:
@@ -161,7 +181,11 @@ class DeliveryAttempt(Base):
     # False when the worker's claim had been taken over: the outcome was not applied.
     applied: Mapped[bool] = mapped_column(Boolean, default=True)
 
-    __table_args__ = (Index("ix_attempts_attempted_at", "attempted_at"),)
+    __table_args__ = (
+        Index("ix_attempts_attempted_at", "attempted_at"),
+        # Failure rates and /metrics read recent calls from the index alone (migration 0002).
+        Index("ix_attempts_recent", "attempted_at", "outcome", "duration_ms"),
+    )
 
 
 class Control(Base):
@@ -217,12 +241,54 @@ class AuditEvent(Base):
     event_id: Mapped[int] = mapped_column(BigID, primary_key=True, index=True)
 
 
+class RollupState(Base):
+    """How far a rollup has folded (webapp.queries): rows stamped before ``watermark`` and
+    with an id up to ``id_mark`` are in it; ``events``/``quantity`` total what it holds.
+    """
+
+    __tablename__ = "rollup_state"
+
+    name: Mapped[str] = mapped_column(String(50), primary_key=True)
+    watermark: Mapped[datetime] = mapped_column(UTCDateTime())
+    id_mark: Mapped[int] = mapped_column(BigInteger, default=0)
+    events: Mapped[int] = mapped_column(BigInteger, default=0)
+    quantity: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class SentUsageRollup(Base):
+    """Sent usage folded by UTC day of occurrence (``YYYY-MM-DD``), tenant and meter.
+
+    Sent is final, so a closed stretch of ``sent_at`` never changes once folded.
+    """
+
+    __tablename__ = "usage_sent_rollup"
+
+    day: Mapped[str] = mapped_column(String(10), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(100), primary_key=True)
+    meter: Mapped[str] = mapped_column(String(100), primary_key=True)
+    events: Mapped[int] = mapped_column(BigInteger, default=0)
+    quantity: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class AttemptRollup(Base):
+    """Calls to Stripe folded by outcome and latency bucket (for /metrics counters)."""
+
+    __tablename__ = "attempt_rollup"
+
+    outcome: Mapped[str] = mapped_column(String(20), primary_key=True)
+    # Index into webapp.queries.LATENCY_BUCKETS_MS; len(...) = above the last; -1 = no duration.
+    bucket: Mapped[int] = mapped_column(Integer, primary_key=True)
+    attempts: Mapped[int] = mapped_column(BigInteger, default=0)
+    duration_ms: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
 def utcnow() -> datetime:
     """The current time, timezone-aware."""
     return datetime.now(UTC)
 
 
 __all__: list[Any] = [
-    "AuditEntry", "AuditEvent", "Base", "CLAIMABLE", "Control", "DeliveryAttempt",
-    "OutboxEvent", "Tenant", "User", "utcnow",
+    "AttemptRollup", "AuditEntry", "AuditEvent", "Base", "CLAIMABLE", "Control",
+    "DeliveryAttempt", "OutboxEvent", "RollupState", "SentUsageRollup", "Tenant", "User",
+    "utcnow",
 ]

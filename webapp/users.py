@@ -6,7 +6,7 @@ import hmac
 import re
 from datetime import datetime
 
-from sqlalchemy import Engine, func, insert, select
+from sqlalchemy import Engine, func, insert, select, update
 from sqlalchemy.orm import Session
 from werkzeug.security import check_password_hash, generate_password_hash
 
@@ -57,6 +57,23 @@ def authenticate(engine: Engine, email: str, password: str) -> User | None:
         return None
     ok = check_password_hash(user.password_hash, password or "")
     return user if ok and user.active else None
+
+
+def set_active(engine: Engine, user_id: int, active: bool) -> str:
+    """Activate or deactivate a user (their sessions end at their next request); returns the
+    email. Raises ``UserError`` for an unknown id."""
+    with engine.begin() as conn:
+        email = conn.execute(update(User).where(User.id == user_id).values(active=active)
+                             .returning(User.email)).scalar()
+    if email is None:
+        raise UserError(f"no user with id {user_id}")
+    return str(email)
+
+
+def record_login(engine: Engine, user_id: int, *, now: datetime) -> None:
+    """Remember when a user last signed in (shown on the users page)."""
+    with engine.begin() as conn:
+        conn.execute(update(User).where(User.id == user_id).values(last_login_at=now))
 
 
 def user_count(engine: Engine) -> int:

@@ -1,0 +1,54 @@
+// billing-outbox: the few behaviours the pages need beyond htmx. No inline script anywhere
+// (the Content-Security-Policy forbids it); everything hangs off data- attributes.
+(function () {
+  "use strict";
+
+  // <form data-confirm="Question?">: ask before submitting.
+  document.addEventListener("submit", function (event) {
+    var form = event.target;
+    if (!(form instanceof HTMLFormElement)) return;
+    var question = form.getAttribute("data-confirm");
+    if (question && !window.confirm(question)) {
+      event.preventDefault();
+    }
+  }, true);
+
+  // <button data-needs-selection>: refuse to submit a bulk action with nothing selected.
+  document.addEventListener("click", function (event) {
+    var button = event.target.closest ? event.target.closest("[data-needs-selection]") : null;
+    if (!button || !button.form) return;
+    if (!button.form.querySelector('input[name="ids"]:checked')) {
+      event.preventDefault();
+      window.alert("Select at least one event first.");
+    }
+  });
+
+  // <input type="checkbox" data-select-all="ids">: (un)check every box of that name in its form.
+  document.addEventListener("change", function (event) {
+    var box = event.target;
+    if (!(box instanceof HTMLInputElement)) return;
+    var name = box.getAttribute("data-select-all");
+    if (name && box.form) {
+      box.form.querySelectorAll('input[type="checkbox"][name="' + name + '"]').forEach(
+        function (other) { other.checked = box.checked; });
+    }
+  });
+  // <select data-autosubmit>: submit its form on change.
+  document.addEventListener("change", function (event) {
+    var select = event.target;
+    if (select instanceof HTMLSelectElement && select.hasAttribute("data-autosubmit") &&
+        select.form) {
+      select.form.requestSubmit ? select.form.requestSubmit() : select.form.submit();
+    }
+  });
+
+  // A live panel should not be replaced while someone is selecting rows or typing in it.
+  document.addEventListener("htmx:beforeRequest", function (event) {
+    var elt = event.detail && event.detail.elt;
+    if (!elt || !elt.classList || !elt.classList.contains("live")) return;
+    var active = document.activeElement;
+    if (active && elt.contains(active) && /^(INPUT|SELECT|TEXTAREA)$/.test(active.tagName)) {
+      event.preventDefault();
+    }
+  });
+})();

@@ -1,0 +1,51 @@
+"""The event page: every field, every attempt, the audit entries touching it."""
+
+from __future__ import annotations
+
+from .conftest import csrf_of
+
+
+def test_event_page_shows_fields_attempts_and_audit(client_as, seed, users) -> None:
+    ev = seed.event(status="dead", idempotency_key="usage_log:42", last_request_id="req_123",
+                    stripe_customer_id="cus_9", quantity=17)
+    seed.attempt(ev, outcome="unknown", http_status=502, stripe_request_id="req_A",
+                 error_class="APIError", error_message="bad gateway", worker="host:1:ab",
+                 duration_ms=3456)
+    seed.attempt(ev, outcome="permanent", http_status=400, stripe_request_id="req_B",
+                 applied=False)
+    operator = client_as("operator")
+    operator.post("/dead-letters/resolve", data={"ids": [ev], "reason": "duplicate",
+                                                 "note": "dup of 41",
+                                                 "csrf_token": csrf_of(operator)})
+    html = client_as("viewer").get(f"/events/{ev}").get_data(as_text=True)
+    for text in ("usage_log:42", "req_123", "cus_9", "req_A", "req_B", "host:1:ab", "3456",
+                 "bad gateway", "not applied", "duplicate", "dup of 41", users["operator"],
+                 "resolve", "Every column, raw", "key_generation", "claim_token"):
+        assert text in html, text
+    assert "Resolved" in html
+
+
+def test_dead_event_offers_actions_to_operators_only(client_as, seed) -> None:
+    ev = seed.event(status="dead")
+    assert "Requeue" in client_as("operator").get(f"/events/{ev}").get_data(as_text=True)
+    viewer_html = client_as("viewer").get(f"/events/{ev}").get_data(as_text=True)
+    assert 'action="/dead-letters/requeue"' not in viewer_html
+
+
+def test_requeue_from_the_event_page_returns_to_it(client_as, seed) -> None:
+    ev = seed.event(status="dead")
+    client = client_as("operator")
+    resp = client.post("/dead-letters/requeue", data={"ids": [ev], "next": f"/events/{ev}",
+                                                      "csrf_token": csrf_of(client)})
+    assert resp.headers["Location"] == f"/events/{ev}"
+    html = client.get(f"/events/{ev}").get_data(as_text=True)
+    assert 'status-pending' in html and "requeue" in html
+
+
+def test_missing_event_and_find(client_as, seed) -> None:
+    ev = seed.event(idempotency_key="order:7")
+    client = client_as("viewer")
+    assert client.get("/events/999999").status_code == 404
+    assert client.get("/events?q=order:7").headers["Location"] == f"/events/{ev}"
+    assert client.get(f"/events?q={ev}").headers["Location"] == f"/events/{ev}"
+    assert client.get("/events?q=nope").headers["Location"] == "/"

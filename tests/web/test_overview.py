@@ -1,0 +1,193 @@
+"""The overview and retries pages: numbers, alerts, charts, fragments, pause / resume."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+
+from conftest import make_settings
+from flask import Flask
+from sqlalchemy import select
+
+from webapp import create_app, queries
+from webapp.models import AuditEntry, utcnow
+from webapp.outbox.store import pause_state
+
+from .conftest import csrf_of, login
+
+
+def count_on(html: str, status: str) -> int:
+    return int(re.search(rf'data-status="{status}">([^<]+)<', html).group(1).replace(",", ""))
+
+
+def test_counts_and_alerts(client_as, seed, now) -> None:
+    seed.events(3, status="pending", created_at=now - timedelta(hours=1))
+    seed.events(2, status="retrying")
+    seed.events(4, status="sent")
+    seed.events(4, status="sent", sent_at=now - timedelta(hours=2))     # folded on first view
+    seed.events(2, status="dead")
+    seed.event(status="dead", dead_at=now - timedelta(days=3))
+    seed.event(status="resolved")
+    seed.event(status="dead", occurred_at=now - timedelta(days=30))     # near the limit
+    seed.event(status="pending", tenant_id="unmapped-co", occurred_at=now - timedelta(days=36),
+               created_at=now - timedelta(minutes=2))                   # past the limit
+    seed.tenant("acme", "cus_1")
+    client = client_as("viewer")
+    html = client.get("/").get_data(as_text=True)
+    assert [count_on(html, s) for s in ("pending", "processing", "retrying", "sent", "dead",
+                                        "resolved")] == [4, 0, 2, 8, 4, 1]
+    assert "4 dead letters" in html and "3 new in the last 24 h" in html
+    assert "Events are waiting too long" in html          # oldest waiting: 1 h > 15 min
+    assert "1 events within 7 days of the 35-day limit" in html
+    assert "1 events past Stripe&#39;s 35-day limit" in html
+    assert "without a Stripe customer" in html and "unmapped-co" in html
+    assert "sk_test" not in html                          # the key is never shown
+    assert "Stripe test mode" in html
+    # the same numbers again after the fold (second request) and through the query
+    again = client.get("/").get_data(as_text=True)
+    assert count_on(again, "sent") == 8
+    with seed.engine.connect() as conn:
+        assert queries.status_counts(conn)["sent"] == 8
+
+
+def test_sent_per_minute_and_per_hour_buckets(engine, seed) -> None:
+    now = utcnow().replace(second=30, microsecond=0)
+    seed.events(2, status="sent", sent_at=now - timedelta(seconds=5))
+    seed.events(3, status="sent", sent_at=now - timedelta(minutes=2))
+    seed.events(1, status="sent", sent_at=now - timedelta(hours=5))
+    seed.events(1, status="sent", sent_at=now - timedelta(hours=30))      # out of range
+    ov = queries.overview(engine, now=now)
+    assert len(ov.per_minute) == 60 and len(ov.per_hour) == 24
+    assert ov.per_minute[-1].count == 2 and ov.per_minute[-3].count == 3
+    assert ov.per_minute[-1].start == now.replace(second=0)
+    assert ov.sent_last_hour == 5 and ov.sent_last_day == 6
+    assert ov.per_hour[-1].start == now.replace(minute=0, second=0)
+
+
+def test_failure_rate_from_attempts(engine, seed) -> None:
+    ev = seed.event(status="retrying")
+    for outcome in ("delivered", "delivered", "unknown", "not_executed"):
+        seed.attempt(ev, outcome=outcome)
+    seed.attempt(ev, outcome="permanent", attempted_at=utcnow() - timedelta(hours=3))
+    ov = queries.overview(engine, now=utcnow())
+    assert (ov.attempts_hour.total, ov.attempts_hour.failed) == (4, 2)
+    assert ov.attempts_hour.failure_rate == 0.5
+    assert (ov.attempts_day.total, ov.attempts_day.failed) == (5, 3)
+
+
+def test_overview_fragment_and_vary(client_as, seed) -> None:
+    seed.event(status="pending")
+    client = client_as("viewer")
+    full = client.get("/")
+    frag = client.get("/", headers={"HX-Request": "true"})
+    assert "HX-Request" in full.headers["Vary"] and "HX-Request" in frag.headers["Vary"]
+    html = frag.get_data(as_text=True)
+    assert html.lstrip().startswith('<div id="overview-live"')
+    assert 'hx-trigger="every 5s"' in html
+    assert "<html" not in html and "<nav" not in html and "Pause sending" not in html
+    assert count_on(html, "pending") == 1
+    full_html = full.get_data(as_text=True)
+    assert full_html.startswith("<!doctype html>") and 'id="overview-live"' in full_html
+
+
+def test_fragments_of_every_live_page(client_as, seed) -> None:
+    ev = seed.event(status="retrying")
+    client = client_as("admin")
+    for path, root in (("/retries", '<div id="retries-live"'),
+                       ("/tenants", '<div id="tenants-live"'),
+                       ("/tenants/acme", '<div id="tenant-live"'),
+                       ("/mappings", '<section class="panel" id="mappings"'),
+                       (f"/events/{ev}", '<div id="event-live"'),
+                       ("/audit", '<div id="audit-fragment"'),
+                       ("/users", '<section class="panel" id="users-fragment"'),
+                       ("/dead-letters", '<div id="dl-fragment"')):
+        resp = client.get(path, headers={"HX-Request": "true"})
+        html = resp.get_data(as_text=True)
+        assert resp.status_code == 200, path
+        assert html.lstrip().startswith(root), (path, html[:200])
+        assert "<html" not in html and "<body" not in html, path
+        assert "HX-Request" in resp.headers["Vary"], path
+
+
+def test_pause_and_resume(client_as, engine, users) -> None:
+    client = client_as("operator")
+    resp = client.post("/sending/pause", data={"reason": "Stripe incident <b>", "next": "/retries",
+                                               "csrf_token": csrf_of(client)})
+    assert resp.status_code == 303 and resp.headers["Location"] == "/retries"
+    with engine.connect() as conn:
+        state = pause_state(conn)
+    assert state.paused and state.reason == "Stripe incident <b>"
+    assert state.changed_by == users["operator"]
+    html = client.get("/").get_data(as_text=True)
+    assert "Sending is paused for every worker" in html and "Stripe incident &lt;b&gt;" in html
+    assert "Resume sending" in html
+    client.post("/sending/resume", data={"csrf_token": csrf_of(client)})
+    with engine.connect() as conn:
+        assert not pause_state(conn).paused
+        actions = list(conn.execute(select(AuditEntry.__table__.c.action,
+                                           AuditEntry.__table__.c.actor)
+                                    .order_by(AuditEntry.__table__.c.id)))
+    assert [tuple(a) for a in actions] == [("pause", users["operator"]),
+                                           ("resume", users["operator"])]
+    assert "Sending is paused" not in client.get("/").get_data(as_text=True)
+
+
+def test_every_page_says_when_no_stripe_key_is_set(db_url, engine, users) -> None:
+    app: Flask = create_app({"TESTING": True},
+                            settings=make_settings(db_url, stripe_api_key=None), engine=engine,
+                            start_drainer=False)
+    client = app.test_client()
+    login(client, users["viewer"])
+    for path in ("/", "/retries", "/tenants", "/dead-letters", "/audit"):
+        html = client.get(path).get_data(as_text=True)
+        assert "STRIPE_API_KEY is not set" in html, path
+        assert "Stripe not configured" in html, path
+
+
+def test_live_mode_is_marked(db_url, engine, users) -> None:
+    settings = make_settings(db_url, stripe_api_key="sk_live_0123456789abcdef")
+    app = create_app({"TESTING": True}, settings=settings, engine=engine, start_drainer=False)
+    client = app.test_client()
+    login(client, users["viewer"])
+    html = client.get("/").get_data(as_text=True)
+    assert "Stripe LIVE" in html and "sk_live" not in html and "0123456789abcdef" not in html
+
+
+def test_retries_page(client_as, seed) -> None:
+    for n, outcome in ((1, "not_executed"), (1, "unknown"), (3, "unknown")):
+        seed.event(status="retrying", attempt_count=n, last_outcome=outcome,
+                   last_error_code="rate_limit" if outcome == "not_executed" else None,
+                   last_http_status=429 if outcome == "not_executed" else 502,
+                   first_unknown_at=utcnow() if outcome == "unknown" else None)
+    seed.events(2, status="dead", attempt_count=12, last_outcome="unknown")
+    seed.events(3, status="sent", attempt_count=1)
+    seed.event(status="sent", attempt_count=2)
+    client = client_as("viewer")
+    page = queries.retries(seed.engine, now=utcnow())
+    retrying, dead, sent = page.histograms
+    assert retrying.rows == {1: {"not_executed": 1, "unknown": 1}, 3: {"unknown": 1}}
+    assert dead.rows == {12: {"unknown": 2}} and sent.rows == {1: {"delivered": 3},
+                                                              2: {"delivered": 1}}
+    by_code = queries.retries(seed.engine, now=utcnow(), split="code")
+    assert by_code.histograms[0].rows[1] == {"rate_limit": 1, "502": 1}
+    assert page.retrying_total == 3 and len(page.retrying) == 3
+    html = client.get("/retries?split=code").get_data(as_text=True)
+    assert "rate_limit" in html and "<title>" in html and "outcome unknown since" in html
+    assert client.get("/retries?split=bogus").status_code == 200
+
+
+def test_chart_is_accessible_svg_with_a_table(client_as, seed) -> None:
+    seed.events(2, status="sent")
+    html = client_as("viewer").get("/").get_data(as_text=True)
+    svg = html.split('id="per-minute"', 1)[1].split("</figure>", 1)[0]
+    assert 'role="img"' in svg and "aria-labelledby" in svg
+    assert re.search(r"<title>\d\d:\d\d UTC: 2 sent</title>", svg)
+    assert "<table" in svg and "As a table" in svg
+
+
+def test_relative_ages_and_utc(client_as, seed) -> None:
+    at = datetime.now(UTC) - timedelta(hours=2, minutes=5)
+    seed.event(status="pending", created_at=at, occurred_at=at)
+    html = client_as("viewer").get("/").get_data(as_text=True)
+    assert "2 h 5 min ago" in html or "2 h 4 min ago" in html
+    assert "All times UTC" in html

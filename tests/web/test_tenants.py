@@ -1,0 +1,195 @@
+"""Usage per tenant and meter (rollup plus live rows), its CSV, the tenant page and the
+Stripe customer mapping."""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from datetime import UTC, date, datetime, timedelta
+
+import pytest
+from sqlalchemy import select
+
+from webapp import queries
+from webapp.models import AuditEntry, Tenant, utcnow
+
+from .conftest import csrf_of
+
+
+def period_of(now: datetime) -> tuple[date, date]:
+    return queries.month_start(now), now.date()
+
+
+@pytest.fixture
+def usage_data(seed, now):
+    """Events in this month (some old enough to be folded into the rollup), and some
+    outside it. Returns the expected numbers per (tenant, meter, status)."""
+    start = datetime.combine(queries.month_start(now), datetime.min.time(), UTC)
+    inside = max(start + timedelta(minutes=1), now - timedelta(hours=2))
+    before = start - timedelta(minutes=1)
+    seed.tenant("acme", "cus_acme", "Acme Inc")
+    seed.tenant("globex", None)
+    # folded: sent more than the margin ago
+    seed.events(3, tenant_id="acme", status="sent", quantity=10, occurred_at=inside,
+                sent_at=now - timedelta(hours=1))
+    # live: sent just now
+    seed.events(2, tenant_id="acme", status="sent", quantity=1, occurred_at=inside)
+    seed.events(1, tenant_id="acme", meter="storage", status="sent", quantity=100,
+                occurred_at=inside, sent_at=now - timedelta(hours=1))
+    seed.events(2, tenant_id="acme", status="pending", quantity=4, occurred_at=inside)
+    seed.events(1, tenant_id="acme", status="processing", quantity=6, occurred_at=inside)
+    seed.events(1, tenant_id="globex", status="retrying", quantity=9, occurred_at=inside)
+    seed.events(2, tenant_id="globex", status="dead", quantity=3, occurred_at=inside)
+    seed.events(1, tenant_id="globex", status="resolved", quantity=8, occurred_at=inside)
+    # outside the period (occurred last month), sent long ago and just now
+    seed.events(4, tenant_id="acme", status="sent", quantity=1000, occurred_at=before,
+                sent_at=now - timedelta(hours=3))
+    seed.events(1, tenant_id="acme", status="sent", quantity=1000, occurred_at=before)
+    return {
+        ("acme", "api_requests"): {"sent": (5, 32), "pending": (3, 14)},
+        ("acme", "storage"): {"sent": (1, 100)},
+        ("globex", "api_requests"): {"retrying": (1, 9), "dead": (2, 6), "resolved": (1, 8)},
+    }
+
+
+def as_expected(usage: queries.Usage) -> dict:
+    out = {}
+    for r in usage.rows:
+        out[(r.tenant_id, r.meter)] = {s: (r.events[s], r.quantity[s])
+                                       for s in queries.USAGE_STATUSES if r.events[s]}
+    return out
+
+
+def test_usage_numbers_folded_and_live(engine, usage_data, now) -> None:
+    start, end = period_of(now)
+    margin = queries.fold_margin(30)
+    before_fold = queries.tenant_usage(engine, start=start, end=end)
+    assert as_expected(before_fold) == usage_data
+    assert queries.refresh_rollups(engine, now=now, margin=margin) is True
+    assert queries.refresh_rollups(engine, now=now, margin=margin) is False   # fresh
+    after = queries.tenant_usage(engine, start=start, end=end)
+    assert as_expected(after) == usage_data
+    # a later fold that swallows the live rows too changes no number
+    queries.refresh_rollups(engine, now=now + timedelta(hours=2), margin=margin)
+    assert as_expected(queries.tenant_usage(engine, start=start, end=end)) == usage_data
+    with engine.connect() as conn:
+        assert queries.status_counts(conn)["sent"] == 11
+    # rebuilding from scratch gives the same
+    queries.rebuild_rollups(engine, now=now, margin=margin)
+    assert as_expected(queries.tenant_usage(engine, start=start, end=end)) == usage_data
+    single = queries.tenant_usage(engine, start=start, end=end, tenant_id="globex")
+    assert [r.tenant_id for r in single.rows] == ["globex"]
+
+
+def test_page_and_csv_show_the_same_numbers(client_as, engine, usage_data, now) -> None:
+    client = client_as("viewer")
+    start, end = period_of(now)
+    page = client.get("/tenants")
+    assert page.status_code == 200
+    html = page.get_data(as_text=True)
+    assert "cus_acme" in html and "not mapped" in html
+    usage = queries.tenant_usage(engine, start=start, end=end)
+    for r in usage.rows:
+        row = re.search(rf'<tr data-tenant="{r.tenant_id}" data-meter="{r.meter}">(.*?)</tr>',
+                        html, re.S).group(1)
+        for s in queries.USAGE_STATUSES:
+            cell = re.search(rf'data-col="{s}_quantity">([^<]*)<', row).group(1)
+            assert int(cell.replace(",", "")) == r.quantity[s]
+    total = re.search(r'data-col="total_sent_quantity">([^<]*)<', html).group(1)
+    assert int(total.replace(",", "")) == 132
+
+    resp = client.get(f"/tenants.csv?from={start.isoformat()}&to={end.isoformat()}")
+    assert resp.status_code == 200 and resp.mimetype == "text/csv"
+    assert "attachment" in resp.headers["Content-Disposition"]
+    rows = list(csv.DictReader(io.StringIO(resp.get_data(as_text=True))))
+    by_key = {(r["tenant_id"], r["meter"]): r for r in rows}
+    assert set(by_key) == {(r.tenant_id, r.meter) for r in usage.rows}
+    for r in usage.rows:
+        got = by_key[(r.tenant_id, r.meter)]
+        for s in queries.USAGE_STATUSES:
+            assert int(got[f"{s}_events"]) == r.events[s]
+            assert int(got[f"{s}_quantity"]) == r.quantity[s]
+    assert by_key[("acme", "api_requests")]["tenant_name"] == "Acme Inc"
+    assert by_key[("acme", "api_requests")]["stripe_customer_id"] == "cus_acme"
+
+
+def test_other_periods(client_as, usage_data, now) -> None:
+    client = client_as("viewer")
+    start = queries.month_start(now) - timedelta(days=5)
+    resp = client.get(f"/tenants.csv?from={start.isoformat()}&to={start.isoformat()}")
+    rows = list(csv.DictReader(io.StringIO(resp.get_data(as_text=True))))
+    assert rows == [] or all(int(r["sent_events"]) == 0 for r in rows)
+    last_day = queries.month_start(now) - timedelta(days=1)
+    rows = list(csv.DictReader(io.StringIO(client.get(
+        f"/tenants.csv?from={last_day.isoformat()}&to={now.date().isoformat()}")
+        .get_data(as_text=True))))
+    acme = next(r for r in rows if (r["tenant_id"], r["meter"]) == ("acme", "api_requests"))
+    assert int(acme["sent_events"]) == 10 and int(acme["sent_quantity"]) == 5032
+    assert client.get("/tenants?from=2026-02-10&to=2026-02-01").status_code == 400
+    assert client.get("/tenants?from=nope").status_code == 400
+    assert client.get("/tenants?from=2020-01-01&to=2026-01-01").status_code == 400
+
+
+def test_csv_cells_that_look_like_formulas_are_defused(client_as, seed) -> None:
+    seed.tenant("=HYPERLINK(1)", "cus_x", "@evil")
+    seed.event(tenant_id="=HYPERLINK(1)", status="pending")
+    rows = list(csv.reader(io.StringIO(client_as("viewer").get("/tenants.csv")
+                                       .get_data(as_text=True))))
+    assert rows[1][0] == "'=HYPERLINK(1)" and rows[1][1] == "'@evil"
+
+
+def test_tenant_page_events_keyset(client_as, seed, now) -> None:
+    at = now - timedelta(minutes=5)
+    ids = seed.events(4, tenant_id="acme", created_at=at) + [seed.event(tenant_id="acme")]
+    seed.event(tenant_id="globex")
+    client = client_as("viewer")
+    html = client.get("/tenants/acme?limit=4").get_data(as_text=True)
+    shown = [int(i) for i in re.findall(r'<tr data-id="(\d+)"', html)]
+    expected = [ids[-1]] + sorted(ids[:-1], reverse=True)
+    assert shown == expected[:4]
+    nxt = re.search(r'href="([^"]*after=[^"]*)" rel="next"', html).group(1)
+    html2 = client.get(nxt.replace("&amp;", "&")).get_data(as_text=True)
+    assert [int(i) for i in re.findall(r'<tr data-id="(\d+)"', html2)] == expected[4:]
+    assert 'rel="next"' not in html2
+    exact = client.get("/tenants/acme?limit=5").get_data(as_text=True)
+    assert 'rel="next"' not in exact
+    assert "Not mapped" in html   # acme has no mapping here
+
+
+def test_admin_maps_a_tenant_audited(client_as, seed, engine, users) -> None:
+    seed.event(tenant_id="newco", status="pending")
+    client = client_as("admin")
+    resp = client.post("/tenants/mapping", data={"tenant_id": "newco",
+                                                 "stripe_customer_id": "cus_NEW",
+                                                 "name": "New Co", "csrf_token": csrf_of(client)})
+    assert resp.status_code == 303 and resp.headers["Location"] == "/tenants/newco"
+    with engine.connect() as conn:
+        t = conn.execute(select(Tenant.__table__)).one()
+        audit = conn.execute(select(AuditEntry.__table__)).one()
+    assert (t.tenant_id, t.stripe_customer_id, t.name) == ("newco", "cus_NEW", "New Co")
+    assert (audit.actor, audit.action) == (users["admin"], "tenant_map")
+    assert "newco -> cus_NEW" in audit.note
+    assert "cus_NEW" in client.get("/tenants/newco").get_data(as_text=True)
+    listing = client.get("/mappings").get_data(as_text=True)
+    assert "newco" in listing and "cus_NEW" in listing and "New Co" in listing
+
+
+def test_bad_mapping_changes_nothing(client_as, seed) -> None:
+    client = client_as("admin")
+    token = csrf_of(client)
+    for form in ({"tenant_id": "x", "stripe_customer_id": "acct_1"},
+                 {"tenant_id": "", "stripe_customer_id": "cus_1"},
+                 {"tenant_id": "x", "stripe_customer_id": ""}):
+        before = seed.snapshot()
+        resp = client.post("/tenants/mapping", data={**form, "csrf_token": token})
+        assert resp.status_code == 303
+        assert seed.snapshot() == before
+    assert "Nothing changed" in client.get("/tenants").get_data(as_text=True)
+
+
+def test_usage_of_an_empty_database(engine) -> None:
+    now = utcnow()
+    assert queries.tenant_usage(engine, start=now.date(), end=now.date()).rows == []
+    with pytest.raises(ValueError):
+        queries.tenant_usage(engine, start=now.date(), end=now.date() - timedelta(days=1))

@@ -1,0 +1,64 @@
+"""The overview, the retries page, and the pause / resume switch."""
+
+from __future__ import annotations
+
+from flask import Blueprint, flash, redirect, request, url_for
+from flask.typing import ResponseReturnValue
+
+from .. import queries
+from ..outbox import ops
+from .common import arg, margin, now, render, svc
+from .security import current_user, require_role, safe_next
+
+bp = Blueprint("dashboard", __name__)
+
+
+@bp.get("/")
+@require_role("viewer")
+def overview() -> ResponseReturnValue:
+    """Counts, throughput, failure rate, the sending switch and what needs attention."""
+    settings = svc().settings
+    data = queries.overview(svc().engine, now=now(), margin=margin(),
+                            stripe_mode=settings.stripe_mode)
+    return render("dashboard/overview.html", ov=data, stripe_mode=settings.stripe_mode)
+
+
+@bp.get("/retries")
+@require_role("viewer")
+def retries() -> ResponseReturnValue:
+    """Attempt-count histograms and the events waiting for their next attempt."""
+    split = arg("split", "outcome")
+    if split not in queries.SPLITS:
+        split = "outcome"
+    data = queries.retries(svc().engine, now=now(), split=split)
+    return render("dashboard/retries.html", page=data, splits=queries.SPLITS,
+                  max_attempts=svc().settings.max_attempts)
+
+
+@bp.post("/sending/pause")
+@require_role("operator")
+def pause() -> ResponseReturnValue:
+    """Stop sending for every worker (stored in the database)."""
+    reason = request.form.get("reason", "").strip()[:500] or None
+    user = current_user()
+    assert user is not None
+    changed = ops.pause(svc().engine, actor=user.email, reason=reason, now=now())
+    flash("Sending paused for every worker." if changed else "Sending was already paused.",
+          "ok")
+    return redirect(_back(), code=303)
+
+
+@bp.post("/sending/resume")
+@require_role("operator")
+def resume() -> ResponseReturnValue:
+    """Restart sending."""
+    user = current_user()
+    assert user is not None
+    changed = ops.resume(svc().engine, actor=user.email, now=now())
+    flash("Sending resumed." if changed else "Sending was already running.", "ok")
+    return redirect(_back(), code=303)
+
+
+def _back() -> str:
+    return safe_next(request.form.get("next"), url_for("dashboard.overview"))
+

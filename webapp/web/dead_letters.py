@@ -1,0 +1,194 @@
+"""Dead letters: find them, understand them, requeue or resolve them.
+
+"Requeue all matching" is two steps. The preview snapshots the matching ids and signs them
+(itsdangerous, keyed by SECRET_KEY) into the form; the action requeues exactly those ids,
+never rows that died after the preview. ``ops.requeue`` is all or nothing, so a snapshot of
+which any event changed meanwhile is refused whole and the operator previews again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Blueprint, abort, current_app, flash, redirect, request, url_for
+from flask.typing import ResponseReturnValue
+from itsdangerous import BadSignature, URLSafeTimedSerializer
+
+from .. import queries
+from ..outbox import ops
+from .common import cursor_arg, form_ids, int_arg, now, render, svc
+from .security import current_user, require_role, safe_next
+
+bp = Blueprint("dead_letters", __name__)
+
+SNAPSHOT_MAX_AGE = 3600  # seconds a preview stays actionable
+
+
+def _filters(source: Any = None) -> queries.DeadFilters:
+    src = request.args if source is None else source
+    try:
+        return queries.DeadFilters(
+            status=src.get("status", "dead") or "dead",
+            tenant=src.get("tenant", "").strip(), meter=src.get("meter", "").strip(),
+            code=src.get("code", "").strip(), error_class=src.get("error_class", "").strip(),
+            age=src.get("age", ""), q=src.get("q", "").strip())
+    except ValueError as exc:
+        abort(400, str(exc))
+
+
+def _window() -> float:
+    return svc().settings.dedupe_window_seconds
+
+
+def _serializer() -> URLSafeTimedSerializer:
+    return URLSafeTimedSerializer(current_app.config["SECRET_KEY"], salt="requeue-all-v1")
+
+
+@bp.get("/dead-letters")
+@require_role("viewer")
+def index() -> ResponseReturnValue:
+    """Dead (or resolved) events, filtered, newest death first, keyset-paginated."""
+    filters = _filters()
+    limit = int_arg("limit", 50, 1, queries.MAX_PAGE)
+    page = queries.dead_letters(svc().engine, filters, now=now(), window_seconds=_window(),
+                                after=cursor_arg("after"), before=cursor_arg("before"),
+                                limit=limit)
+    return render("dead_letters/index.html", page=page, f=filters, limit=limit,
+                  ages=queries.AGES, statuses=queries.DEAD_STATUSES,
+                  reasons=ops.RESOLVE_REASONS, here=request.full_path.rstrip("?"))
+
+
+@bp.get("/dead-letters/groups")
+@require_role("viewer")
+def groups() -> ResponseReturnValue:
+    """The matching events grouped by error (loaded into the dead-letter page by htmx)."""
+    filters = _filters()
+    data = queries.dead_letter_groups(svc().engine, filters, now=now())
+    return render("dead_letters/groups.html", groups=data, f=filters, kinds=queries.KINDS)
+
+
+@bp.post("/dead-letters/requeue")
+@require_role("operator")
+def requeue() -> ResponseReturnValue:
+    """Requeue the selected dead events. Those whose outcome is unknown past Stripe's 24-hour
+    window need an explicit, confirmed force (the CLI's ``--force``)."""
+    ids = form_ids()
+    back = _back()
+    if not ids:
+        flash("Select at least one event.", "error")
+        return redirect(back, code=303)
+    classes = queries.classify_for_requeue(svc().engine, ids, now=now(),
+                                           window_seconds=_window())
+    if classes["not_dead"] or classes["too_old"]:
+        flash(_refusal(classes), "error")
+        return redirect(back, code=303)
+    force = request.form.get("force") == "1"
+    if classes["force"] and not (force and request.form.get("confirm_force") == "yes"):
+        return render("dead_letters/confirm_force.html", status=409, ids=ids,
+                      force_ids=classes["force"], back=back)
+    return _do_requeue(classes["ok"], classes["force"], back, note=None)
+
+
+@bp.post("/dead-letters/resolve")
+@require_role("operator")
+def resolve() -> ResponseReturnValue:
+    """Close the selected dead events with a reason code and a note (kept in history)."""
+    ids = form_ids()
+    back = _back()
+    user = current_user()
+    assert user is not None
+    try:
+        result = ops.resolve(svc().engine, ids, actor=user.email,
+                             reason=request.form.get("reason", ""),
+                             note=request.form.get("note", "")[:2000], now=now())
+    except ops.OperationError as exc:
+        flash(f"Nothing changed: {exc}", "error")
+        return redirect(back, code=303)
+    flash(f"Resolved {len(result.event_ids):,} event(s).", "ok")
+    return redirect(back, code=303)
+
+
+@bp.get("/dead-letters/requeue-all")
+@require_role("operator")
+def requeue_all_preview() -> ResponseReturnValue:
+    """What "requeue all matching" would do, with the exact ids signed into the form."""
+    filters = _filters()
+    if filters.status != "dead":
+        abort(400, "only dead events can be requeued")
+    preview = queries.requeue_preview(svc().engine, filters, now=now(),
+                                      window_seconds=_window())
+    user = current_user()
+    assert user is not None
+    token = _serializer().dumps({"ok": preview.ok_ids, "force": preview.force_ids,
+                                 "uid": user.id, "filters": filters.params()})
+    return render("dead_letters/preview.html", p=preview, f=filters, token=token,
+                  max_bulk=queries.MAX_BULK)
+
+
+@bp.post("/dead-letters/requeue-all")
+@require_role("operator")
+def requeue_all() -> ResponseReturnValue:
+    """Requeue exactly the previewed ids (and the forced ones only if confirmed)."""
+    user = current_user()
+    assert user is not None
+    try:
+        snap = _serializer().loads(request.form.get("snapshot", ""), max_age=SNAPSHOT_MAX_AGE)
+    except BadSignature:
+        abort(400, "This preview is invalid or older than an hour; preview again.")
+    if snap.get("uid") != user.id:
+        abort(400, "This preview belongs to another user; preview again.")
+    ok = [int(i) for i in snap.get("ok", [])]
+    forced = [int(i) for i in snap.get("force", [])]
+    if request.form.get("include_forced") != "yes":
+        forced = []
+    back = url_for("dead_letters.index", **snap.get("filters", {}))
+    if not ok and not forced:
+        flash("Nothing to requeue.", "error")
+        return redirect(back, code=303)
+    return _do_requeue(ok, forced, back, note="requeue all matching "
+                       + (", ".join(f"{k}={v}" for k, v in snap.get("filters", {}).items())
+                          or "(no filter)"))
+
+
+def _do_requeue(ok: list[int], forced: list[int], back: str, *, note: str | None
+                ) -> ResponseReturnValue:
+    """Requeue ``ok`` normally and ``forced`` with force: two all-or-nothing steps, so a
+    forced resend never clears the unknown-outcome clock of an event that did not need it."""
+    user = current_user()
+    assert user is not None
+    engine, window, done = svc().engine, _window(), 0
+    for ids, force in ((ok, False), (forced, True)):
+        if not ids:
+            continue
+        try:
+            result = ops.requeue(engine, ids, actor=user.email, now=now(), force=force,
+                                 window_seconds=window, note=note)
+        except ops.OperationError as exc:
+            prefix = f"Requeued {done:,}; then nothing more changed" if done else \
+                "Nothing changed"
+            flash(f"{prefix}: {exc}", "error")
+            return redirect(back, code=303)
+        done += len(result.event_ids)
+    flash(f"Requeued {done:,} event(s)" + (f", {len(forced):,} of them forced" if forced else "")
+          + ".", "ok")
+    return redirect(back, code=303)
+
+
+def _refusal(classes: dict[str, list[int]]) -> str:
+    parts = []
+    if classes["not_dead"]:
+        parts.append("not dead (any more): " + _ids(classes["not_dead"]))
+    if classes["too_old"]:
+        parts.append("past Stripe's 35-day limit, resolve them instead: "
+                     + _ids(classes["too_old"]))
+    return "Nothing changed. " + "; ".join(parts)
+
+
+def _ids(ids: list[int]) -> str:
+    shown = ", ".join(str(i) for i in ids[:20])
+    return shown + (f" and {len(ids) - 20} more" if len(ids) > 20 else "")
+
+
+def _back() -> str:
+    return safe_next(request.form.get("next"), url_for("dead_letters.index"))
+

@@ -1,0 +1,119 @@
+"""Usage per tenant and meter, its CSV, a tenant's own page, and the Stripe customer mapping."""
+
+from __future__ import annotations
+
+from datetime import date, timedelta
+from typing import Any
+
+from flask import Blueprint, abort, flash, redirect, request, url_for
+from flask.typing import ResponseReturnValue
+
+from .. import queries
+from ..outbox import ops
+from .common import csv_response, cursor_arg, date_arg, int_arg, margin, now, render, svc
+from .security import current_user, require_role
+
+bp = Blueprint("tenants", __name__)
+
+MAX_PERIOD = timedelta(days=400)
+
+CSV_HEADER = ["tenant_id", "tenant_name", "stripe_customer_id", "meter"] + [
+    f"{status}_{what}" for status in queries.USAGE_STATUSES for what in ("events", "quantity")]
+
+
+def _period() -> tuple[date, date]:
+    """The ``from``/``to`` dates (inclusive, UTC); this month so far by default."""
+    today = now().date()
+    start = date_arg("from", queries.month_start(now())) or today
+    end = date_arg("to", today) or today
+    if end < start:
+        abort(400, "the period ends before it starts")
+    if end - start > MAX_PERIOD:
+        abort(400, f"the period can be at most {MAX_PERIOD.days} days")
+    return start, end
+
+
+@bp.get("/tenants")
+@require_role("viewer")
+def index() -> ResponseReturnValue:
+    """Usage per tenant and meter for a period, and every tenant's mapping."""
+    start, end = _period()
+    data = queries.tenants_page(svc().engine, start=start, end=end, now=now(), margin=margin())
+    return render("tenants/index.html", page=data, start=start, end=end,
+                  statuses=queries.USAGE_STATUSES, quick=_quick_periods())
+
+
+def _quick_periods() -> list[tuple[str, date, date]]:
+    today = now().date()
+    last_month_end = today.replace(day=1) - timedelta(days=1)
+    return [("This month", today.replace(day=1), today),
+            ("Last 7 days", today - timedelta(days=6), today),
+            ("Last 30 days", today - timedelta(days=29), today),
+            ("Last month", last_month_end.replace(day=1), last_month_end)]
+
+
+@bp.get("/mappings")
+@require_role("viewer")
+def mappings() -> ResponseReturnValue:
+    """Every tenant and its Stripe customer, and those waiting for one."""
+    data = queries.mappings(svc().engine)
+    return render("tenants/mappings.html", tenants=data.tenants, unmapped=data.unmapped)
+
+
+@bp.get("/tenants.csv")
+@require_role("viewer")
+def export() -> ResponseReturnValue:
+    """The same numbers as the tenants page, one row per tenant and meter."""
+    start, end = _period()
+    queries.refresh_rollups(svc().engine, now=now(), margin=margin())
+    usage = queries.tenant_usage(svc().engine, start=start, end=end)
+    rows: list[list[Any]] = []
+    for r in usage.rows:
+        cells: list[Any] = [r.tenant_id, r.name, r.stripe_customer_id, r.meter]
+        for status in queries.USAGE_STATUSES:
+            cells += [r.events[status], r.quantity[status]]
+        rows.append(cells)
+    return csv_response(f"usage-{start.isoformat()}-{end.isoformat()}.csv", CSV_HEADER, rows)
+
+
+@bp.get("/tenants/<path:tenant_id>")
+@require_role("viewer")
+def show(tenant_id: str) -> ResponseReturnValue:
+    """One tenant: its mapping, its usage by meter and its events, newest first."""
+    if len(tenant_id) > 100:
+        abort(404)
+    start, end = _period()
+    data = queries.tenant_detail(svc().engine, tenant_id, start=start, end=end,
+                                 after=cursor_arg("after"), before=cursor_arg("before"),
+                                 limit=int_arg("limit", 50, 1, queries.MAX_PAGE), now=now(),
+                                 margin=margin())
+    return render("tenants/show.html", t=data, start=start, end=end,
+                  statuses=queries.USAGE_STATUSES, limit=int_arg("limit", 50, 1, 500))
+
+
+@bp.post("/tenants/mapping")
+@require_role("admin")
+def set_mapping() -> ResponseReturnValue:
+    """Map a tenant to its Stripe customer (audited). Its waiting events become sendable;
+    events already attempted keep the customer fixed at their first attempt."""
+    tenant_id = request.form.get("tenant_id", "").strip()
+    customer = request.form.get("stripe_customer_id", "").strip()
+    name = request.form.get("name", "").strip()[:200] or None
+    user = current_user()
+    assert user is not None
+    back = url_for("tenants.show", tenant_id=tenant_id) if tenant_id else url_for("tenants.index")
+    if not customer:
+        flash("A Stripe customer id (cus_…) is required.", "error")
+        return redirect(back, code=303)
+    engine = svc().engine
+    try:
+        ops.set_tenant(engine, tenant_id, stripe_customer_id=customer, name=name, now=now())
+    except ops.OperationError as exc:
+        flash(f"Nothing changed: {exc}", "error")
+        return redirect(back, code=303)
+    with engine.begin() as conn:
+        ops.write_audit(conn, actor=user.email, action="tenant_map", event_ids=[],
+                        reason_code=None, note=f"{tenant_id} -> {customer}"
+                        + (f" ({name})" if name else ""), now=now())
+    flash(f"{tenant_id} is now billed to {customer}.", "ok")
+    return redirect(back, code=303)
