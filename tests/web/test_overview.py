@@ -191,3 +191,17 @@ def test_relative_ages_and_utc(client_as, seed) -> None:
     html = client_as("viewer").get("/").get_data(as_text=True)
     assert "2 h 5 min ago" in html or "2 h 4 min ago" in html
     assert "All times UTC" in html
+
+
+def test_a_non_stripe_api_base_is_shown_on_every_page(db_url, engine, users) -> None:
+    settings = make_settings(db_url, stripe_api_base="http://127.0.0.1:12111")
+    app = create_app({"TESTING": True}, settings=settings, engine=engine, start_drainer=False)
+    client = app.test_client()
+    login(client, users["viewer"])
+    for path in ("/", "/retries", "/tenants", "/dead-letters", "/audit"):
+        html = client.get(path).get_data(as_text=True)
+        assert "Not Stripe:" in html and "http://127.0.0.1:12111" in html, path
+    real = create_app({"TESTING": True}, settings=make_settings(db_url), engine=engine,
+                      start_drainer=False).test_client()
+    login(real, users["viewer"])
+    assert "Not Stripe:" not in real.get("/").get_data(as_text=True)

@@ -87,7 +87,13 @@ def chrome() -> dict[str, Any]:
         except Exception:  # noqa: BLE001 - the error page must render without a database
             log.warning("could not read the sending state", exc_info=True)
             sending = None
-        g.chrome = {"sending": sending, "stripe_mode": settings.stripe_mode}
+        from ..config import STRIPE_API_BASE_DEFAULT
+
+        # Anything but Stripe's own API (a local fake, a proxy) is shown on every page, so a
+        # demo or test setting never runs silently in production.
+        api_base = settings.stripe_api_base
+        g.chrome = {"sending": sending, "stripe_mode": settings.stripe_mode,
+                    "api_base": None if api_base == STRIPE_API_BASE_DEFAULT else api_base}
     return g.chrome  # type: ignore[no-any-return]
 
 
