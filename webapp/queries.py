@@ -561,7 +561,8 @@ def _alerts(ov: Overview, stripe_mode: str, oldest_alert: timedelta) -> list[Ale
         more = f" and {len(ov.unmapped) - 5} more" if len(ov.unmapped) > 5 else ""
         alerts.append(Alert("warning",
                             f"{len(ov.unmapped)} tenant{'s' if len(ov.unmapped) != 1 else ''} "
-                            "without a Stripe customer have waiting events",
+                            "without a Stripe customer "
+                            f"{'have' if len(ov.unmapped) != 1 else 'has'} waiting events",
                             f"{names}{more}: map them to start sending", "tenants.index"))
     return alerts
 

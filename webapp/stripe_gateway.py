@@ -80,7 +80,7 @@ class StripeGateway:
 
     def send(self, event: MeterEvent, idempotency_key: str) -> CallResult:
         try:
-            self._client().v1.billing.meter_events.create(
+            created = self._client().v1.billing.meter_events.create(
                 params=event.params(),  # type: ignore[arg-type]
                 options={"idempotency_key": idempotency_key})
         except stripe.StripeError as exc:
@@ -93,7 +93,9 @@ class StripeGateway:
                 # the meter exists. A missing meter named by one event alone stays permanent.
                 return replace(result, outcome=Outcome.SYSTEMIC)
             return result
-        return CallResult(Outcome.DELIVERED, http_status=200)
+        response = getattr(created, "last_response", None)
+        return CallResult(Outcome.DELIVERED, http_status=200,
+                          request_id=getattr(response, "request_id", None))
 
 
 def classify_error(exc: stripe.StripeError) -> CallResult:

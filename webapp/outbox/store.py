@@ -172,7 +172,13 @@ def record_outcomes(engine: Engine, claim: Claim, attempts: Sequence[AttemptReco
                     .values(status=Status.SENT.value, sent_at=now, updated_at=now,
                             attempt_count=T.c.attempt_count + 1, call_count=T.c.call_count + 1,
                             claim_token=None, processing_deadline_at=None,
-                            last_outcome=Outcome.DELIVERED.value)
+                            last_outcome=Outcome.DELIVERED.value,
+                            # The event's error fields describe why it is not sent yet;
+                            # once it is, they go (every attempt keeps its own in the
+                            # attempts table).
+                            last_error_class=None, last_error_code=None,
+                            last_http_status=None, last_error_message=None,
+                            last_request_id=None)
                     .returning(T.c.id))
             got = set(conn.execute(stmt).scalars())
             applied_ids |= got

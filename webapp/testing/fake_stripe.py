@@ -339,7 +339,15 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             self.send(_error(400, "invalid_request_error", "Invalid Content-Length."))
             return None
-        return self.rfile.read(length) if length else b""
+        body = self.rfile.read(length) if length else b""
+        if len(body) < length:
+            # The connection was cut (or its read side shut down by an outage) before the whole
+            # body arrived: a real server never saw this request and cannot answer it. Without
+            # this, a truncated body was validated or compared with a saved idempotency record,
+            # and the client, which had sent a complete request, got a 400 for it.
+            self.close_connection = True
+            return None
+        return body
 
     def send(self, resp: _Response, request_id: str | None = None) -> None:
         """Write ``resp`` (with a ``Request-Id``) and flush it to the socket."""

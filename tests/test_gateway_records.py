@@ -1,0 +1,45 @@
+"""What a delivered call leaves on the event and its attempt rows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Engine, select
+from sqlalchemy.orm import Session
+
+from webapp.config import Settings
+from webapp.drainer import Drainer
+from webapp.models import DeliveryAttempt, OutboxEvent, utcnow
+from webapp.outbox import enqueue_usage
+from webapp.outbox.ops import set_tenant
+
+
+def test_delivery_records_request_id_and_clears_the_last_error(
+        engine: Engine, settings: Settings, fake_stripe: Any) -> None:
+    set_tenant(engine, "acme", stripe_customer_id="cus_acme", name=None, now=utcnow())
+    with Session(engine) as db, db.begin():
+        event_id = enqueue_usage(db, tenant_id="acme", quantity=2, idempotency_key="gw-1").id
+    fake_stripe.fail_next("503")
+    drainer = Drainer(engine, settings)
+    try:
+        drainer.drain_once()
+        with Session(engine) as db:
+            ev = db.get(OutboxEvent, event_id)
+            assert ev is not None and ev.status == "retrying"
+            assert ev.last_http_status == 503 and ev.last_request_id
+        with engine.begin() as conn:  # due now
+            conn.execute(OutboxEvent.__table__.update().values(next_attempt_at=utcnow()))
+        drainer.drain_once()
+    finally:
+        drainer.close()
+    with Session(engine) as db:
+        ev = db.get(OutboxEvent, event_id)
+        assert ev is not None and ev.status == "sent"
+        assert (ev.last_error_class, ev.last_error_code, ev.last_http_status,
+                ev.last_error_message, ev.last_request_id) == (None, None, None, None, None)
+        attempts = db.scalars(select(DeliveryAttempt).where(DeliveryAttempt.event_id == event_id)
+                              .order_by(DeliveryAttempt.id)).all()
+    assert [a.outcome for a in attempts] == ["not_executed", "delivered"]
+    delivered = attempts[-1]
+    logged = {r["request_id"] for r in fake_stripe.request_log() if r.get("status") == 200}
+    assert delivered.stripe_request_id in logged
