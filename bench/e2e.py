@@ -1,0 +1,324 @@
+"""End to end through the real SDK: one ``billing-outbox worker`` process (``python -m webapp
+worker``) sends to the project's fake Stripe, itself a separate process
+(``python -m webapp.testing.fake_stripe``) answering each call after a fixed latency.
+
+Per run: a fresh schema gets 200 tenants × 2 meters and 10,000 events (enqueued once by the
+real ``enqueue_usage`` and copied per run; a setting whose ceiling, concurrency / latency, is
+under the floor drains the first quarter: see ``SLOW_SHARE``); sending is paused
+(``ops.pause``, the CLI's ``pause``) while the worker starts, so start-up is neither timed nor
+charged; then sending is resumed and the worker drains.
+
+* events/s = events / (last ``sent_at`` − first ``first_attempt_at``), both written by the
+  worker: from its first claim to its last recorded outcome;
+* lane overlaps = the fake's count of calls that started while another call of the same
+  (customer, meter) was in flight;
+* CPU s per 1,000 events = the worker's utime + stime (/proc/<pid>/stat, all threads) from the
+  resume to the last ``sent``, per 1,000 events.
+
+Every run checks that the fake accepted each identifier exactly once, that it saw exactly one
+call per event, that every row is ``sent``, and that the worker exits 0 on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import text
+
+from .common import (
+    METERS,
+    RESULTS_DIR,
+    ROOT,
+    TEST_API_KEY,
+    BenchDatabase,
+    BenchFailure,
+    Figure,
+    Row,
+    busy_fraction,
+    check_exactly_once,
+    copied_keys,
+    machine_cpu_times,
+    make_template,
+    proc_cpu_seconds,
+    proc_status_kb,
+    verdict,
+    wait_until,
+)
+
+TENANTS = 200
+LATENCY = 0.05
+BATCH = 500
+CONCURRENCIES = (8, 32, 64)
+#: A setting whose ceiling (concurrency / latency) is below the floor drains only this share of
+#: the events: its rate is fixed by Little's law (8 / 0.05 s = 160/s) and 10,000 events would
+#: spend a fifth of the 15-minute budget to show the same figure.
+SLOW_SHARE = 4
+MAX_RPS = 1000
+FLOOR_RATE = 500
+
+
+# -- the fake Stripe, as a process of its own ------------------------------------------------------
+
+class FakeStripeProcess:
+    def __init__(self, latency: float, meters: Sequence[str] = METERS) -> None:
+        self.latency = latency
+        self.meters = meters
+        self.proc: subprocess.Popen[str] | None = None
+        self.base_url = ""
+
+    def start(self) -> FakeStripeProcess:
+        args = [sys.executable, "-m", "webapp.testing.fake_stripe", "--port", "0",
+                "--latency", str(self.latency)]
+        for m in self.meters:
+            args += ["--meter", m]
+        self.proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().strip()
+        if not line.startswith("READY "):
+            self.stop()
+            raise BenchFailure(f"fake Stripe did not start: {line!r}")
+        self.base_url = line.split()[1]
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def _call(self, method: str, name: str, body: dict[str, Any] | None = None) -> Any:
+        data = json.dumps(body or {}).encode() if method == "POST" else None
+        req = urllib.request.Request(f"{self.base_url}/_fake/{name}", data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as resp:  # loopback control endpoint
+            return json.loads(resp.read())
+
+    def reset(self) -> None:
+        self._call("POST", "reset")
+
+    def state(self) -> dict[str, Any]:
+        return self._call("GET", "state")  # type: ignore[no-any-return]
+
+
+@contextmanager
+def fake_stripe(latency: float) -> Iterator[FakeStripeProcess]:
+    fake = FakeStripeProcess(latency).start()
+    try:
+        yield fake
+    finally:
+        fake.stop()
+
+
+# -- one worker drain ------------------------------------------------------------------------------
+
+def worker_env(url: str, api_base: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OUTBOX_", "STRIPE_", "DATABASE_URL", "DRAINER_"))}
+    env.update(DATABASE_URL=url, SECRET_KEY="bench-secret", STRIPE_API_KEY=TEST_API_KEY,
+               STRIPE_API_BASE=api_base, PYTHONUNBUFFERED="1")
+    env.update(extra)
+    return env
+
+
+WORKER = [sys.executable, "-m", "webapp", "worker"]          # billing-outbox worker
+NOOP_WORKER = [sys.executable, "-m", "bench.noop_worker"]    # the same, no-op gateway
+
+
+def drain_with_worker(url: str, fake: FakeStripeProcess | None, expected: list[str], *,
+                      env: dict[str, str], label: str, command: list[str] = WORKER,
+                      attach: Callable[[int], Callable[[], None]] | None = None
+                      ) -> dict[str, Any]:
+    """Pause, start a worker, resume, wait until every event is sent, stop the worker.
+    Returns rate, CPU, peak RSS and the fake's counters; raises ``BenchFailure`` on any
+    broken guarantee. Without ``fake``, ``command`` is ``NOOP_WORKER`` and the identifiers
+    it was handed are checked instead of the fake's. ``attach(pid)`` (a profiler) is called
+    at the resume; the function it returns, once every event is sent."""
+    from webapp.db import make_engine
+    from webapp.models import utcnow
+    from webapp.outbox import ops
+
+    n = len(expected)
+    engine = make_engine(url)
+    logs = RESULTS_DIR / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    log_path = logs / f"worker-{label}-{os.getpid()}-{int(time.time() * 1000)}.log"
+    seen_path = log_path.with_suffix(".seen")
+    env = dict(env, BENCH_SEEN_PATH=str(seen_path))
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        if fake is not None:
+            fake.reset()
+        ops.pause(engine, actor="bench", reason="bench: worker starting", now=utcnow())
+        with open(log_path, "wb") as out:
+            proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out,
+                                    stderr=subprocess.STDOUT)
+        wait_until(lambda: proc.poll() is not None or b"started" in log_path.read_bytes(),
+                   60, f"the worker to start (log: {log_path})")
+        if proc.poll() is not None:
+            raise BenchFailure(f"worker exited with {proc.returncode} at start; see {log_path}")
+        time.sleep(0.5)  # its first (paused) pass
+        detach = attach(proc.pid) if attach is not None else None
+        cpu0 = proc_cpu_seconds(proc.pid)
+        fake_cpu0 = proc_cpu_seconds(fake.pid) if fake is not None else 0.0
+        machine0 = machine_cpu_times()
+        ops.resume(engine, actor="bench", now=utcnow())
+
+        def progress() -> bool:
+            if proc.poll() is not None:
+                raise BenchFailure(f"worker exited with {proc.returncode} while draining; "
+                                   f"see {log_path}")
+            with engine.connect() as conn:
+                sent, bad = conn.execute(text(
+                    "SELECT count(*) FILTER (WHERE status = 'sent'), "
+                    "count(*) FILTER (WHERE status IN ('dead', 'retrying')) "
+                    "FROM stripe_usage_outbox")).one()
+            if bad:
+                raise BenchFailure(f"{label}: {bad} events dead or retrying; see {log_path}")
+            return bool(sent == n)
+
+        wait_until(progress, 60 + n / 20, f"{n} events sent by the worker", interval=0.1)
+        cpu1 = proc_cpu_seconds(proc.pid)
+        fake_cpu1 = proc_cpu_seconds(fake.pid) if fake is not None else 0.0
+        machine1 = machine_cpu_times()
+        if detach is not None:
+            detach()
+        hwm_kb = proc_status_kb(proc.pid, "VmHWM")
+        rss_kb = proc_status_kb(proc.pid, "VmRSS")
+        threads = proc_status_kb(proc.pid, "Threads")
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            raise BenchFailure(f"{label}: the worker did not stop within 60 s of SIGTERM") \
+                from None
+        if code != 0:
+            raise BenchFailure(f"{label}: the worker exited {code} on SIGTERM; see {log_path}")
+        with engine.connect() as conn:
+            first, last, attempts = conn.execute(text(
+                "SELECT min(first_attempt_at), max(sent_at), "
+                "(SELECT count(*) FROM stripe_usage_attempts) FROM stripe_usage_outbox")).one()
+        state = fake.state() if fake is not None else None
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        engine.dispose()
+    if state is None:
+        handed = seen_path.read_text().split()
+        check_exactly_once(f"{label} (handed to the no-op gateway)", handed, expected)
+        seen_path.unlink()
+        state = {"calls": len(handed), "duplicate_identifier_rejections": 0, "overlaps": [],
+                 "max_in_flight": 0}
+    else:
+        accepted = [a["identifier"] for a in state["accepted"]]
+        check_exactly_once(f"{label} (accepted by the fake)", accepted, expected)
+    if state["calls"] != n or state["duplicate_identifier_rejections"] or attempts != n:
+        raise BenchFailure(
+            f"{label}: {state['calls']} calls, {attempts} attempts recorded and "
+            f"{state['duplicate_identifier_rejections']} duplicate-identifier answers for "
+            f"{n} events: some event was handed over more than once")
+    elapsed = (last - first).total_seconds()
+    log_path.unlink(missing_ok=True)  # kept only when something went wrong
+    return {"rate": n / elapsed, "elapsed": elapsed, "overlaps": sum(
+        o["count"] for o in state["overlaps"]), "max_in_flight": state["max_in_flight"],
+        "cpu_per_1000": (cpu1 - cpu0) / n * 1000, "cpu": cpu1 - cpu0,
+        "fake_cpu_per_1000": (fake_cpu1 - fake_cpu0) / n * 1000,
+        "machine_busy_pct": 100 * busy_fraction(machine0, machine1),
+        "hwm_mb": hwm_kb / 1024, "rss_mb": rss_kb / 1024, "threads": threads}
+
+
+# -- the section -----------------------------------------------------------------------------------
+
+@dataclass
+class E2EResults:
+    events: int
+    runs: int
+    figures: dict[str, Figure] = field(default_factory=dict)
+    raw: list[dict[str, Any]] = field(default_factory=list)
+
+    def fig(self, name: str) -> Figure:
+        return self.figures.setdefault(name, Figure())
+
+
+def run(db: BenchDatabase, *, events: int, runs: int, log: Any = print,
+        concurrencies: Sequence[int] = CONCURRENCIES) -> E2EResults:
+    log(f"e2e: enqueueing {events:,} events with enqueue_usage ({TENANTS} tenants × "
+        f"{len(METERS)} meters), committed; each run drains its own copy")
+    template, keys = make_template(db, events, TENANTS, METERS)
+    expected = copied_keys(keys, 1)
+    res = E2EResults(events=events, runs=runs)
+    with fake_stripe(LATENCY) as fake:
+        for i in range(runs):
+            r: dict[int, Any] = {}
+            k = i % len(concurrencies)
+            for c in list(concurrencies[k:]) + list(concurrencies[:k]):
+                n = _events_for(c, len(expected))
+                with db.outbox_schema("e2e", template, limit=n) as url:
+                    env = worker_env(url, fake.base_url, OUTBOX_CONCURRENCY=str(c),
+                                     OUTBOX_BATCH_SIZE=str(BATCH),
+                                     STRIPE_MAX_REQUESTS_PER_SECOND=str(MAX_RPS))
+                    r[c] = drain_with_worker(url, fake, expected[:n], env=env,
+                                             label=f"e2e-c{c}")
+                log(f"e2e run {i + 1}/{runs}: concurrency {c}: {r[c]['rate']:,.0f} "
+                    f"events/s, {r[c]['overlaps']} overlaps, "
+                    f"{r[c]['cpu_per_1000']:.2f} CPU s/1000 (fake "
+                    f"{r[c]['fake_cpu_per_1000']:.2f}), CPUs "
+                    f"{r[c]['machine_busy_pct']:.0f}% busy, peak RSS {r[c]['hwm_mb']:.0f} MB")
+                for key in ("rate", "overlaps", "cpu_per_1000", "hwm_mb", "max_in_flight",
+                            "fake_cpu_per_1000", "machine_busy_pct"):
+                    res.fig(f"{key}_{c}").add(r[c][key])
+            res.raw.append({str(c): v for c, v in r.items()})
+    return res
+
+
+def _events_for(concurrency: int, events: int) -> int:
+    slow = concurrency / LATENCY < FLOOR_RATE
+    return max(1, events // SLOW_SHARE) if slow else events
+
+
+def rows(res: E2EResults, concurrencies: Sequence[int] = CONCURRENCIES) -> list[Row]:
+    s = "End to end (real SDK, fake Stripe)"
+    f = res.fig
+    out = []
+    for c in concurrencies:
+        ceiling = min(c / LATENCY, MAX_RPS)
+        ok = f(f"rate_{c}").median >= FLOOR_RATE and f(f"overlaps_{c}").hi == 0
+        out.append(Row(
+            s, f"OUTBOX_CONCURRENCY={c} ({_events_for(c, res.events):,} events, "
+               f"{TENANTS}×{len(METERS)} lanes, "
+               f"{LATENCY * 1000:.0f} ms latency, batch {BATCH})",
+            f(f"rate_{c}").fmt(0, " ev/s"), f"≥ {FLOOR_RATE} ev/s, 0 overlaps", verdict(ok),
+            f"lane overlaps {f(f'overlaps_{c}').fmt(0)}; worker CPU "
+            f"{f(f'cpu_per_1000_{c}').fmt(2, ' s')} per 1,000 events (fake Stripe "
+            f"{f(f'fake_cpu_per_1000_{c}').fmt(2, ' s')}); all CPUs busy "
+            f"{f(f'machine_busy_pct_{c}').fmt(0, '%')}; ceiling "
+            f"min({c} / {LATENCY:g} s, {MAX_RPS}/s) = "
+            f"{ceiling:,.0f} ev/s; peak RSS {f(f'hwm_mb_{c}').fmt(0, ' MB')}"))
+    best = max(concurrencies, key=lambda c: f(f"rate_{c}").median)
+    overlaps = sum(f(f"overlaps_{c}").hi for c in concurrencies)
+    ok = f(f"rate_{best}").median >= FLOOR_RATE and overlaps == 0
+    out.append(Row(s, f"per worker, best setting (OUTBOX_CONCURRENCY={best}); lane overlaps "
+                      "summed over every run", f"{f(f'rate_{best}').median:,.0f} ev/s; "
+                      f"{overlaps:.0f} overlaps", f"≥ {FLOOR_RATE} ev/s with 0 overlaps",
+                   verdict(ok), floor_name=f"end to end ≥ {FLOOR_RATE} ev/s per worker at "
+                                           f"{LATENCY * 1000:.0f} ms, 0 overlaps"))
+    return out

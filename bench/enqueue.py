@@ -1,0 +1,215 @@
+"""Enqueue overhead: what ``enqueue_usage`` adds to the caller's transaction.
+
+Each transaction is the contract's request path: ``with Session(engine) as db, db.begin():``,
+add a ``usage_log`` row, flush (its id), then
+
+* **bare**: nothing more — the transaction the application would run without billing;
+* **enqueue_usage**: the real ``enqueue_usage(db, …, idempotency_key=f"usage_log:{id}",
+  occurred_at=log.created_at)`` (one ``INSERT … ON CONFLICT DO NOTHING RETURNING``);
+* **seed savepoint**: the article's enqueue, implemented here (not in product code): the same
+  outbox row added inside ``db.begin_nested()`` with ``IntegrityError`` → look the row up.
+
+The three are interleaved in blocks of ``BLOCK`` transactions (the order rotating), in a fresh
+schema (PostgreSQL) or a fresh file (SQLite, the product's WAL engine) per run; the ratio of
+each run is its enqueue time over its bare time. The engine is ``webapp.db.make_engine`` with
+``pool_pre_ping=False``: the ping would add one round trip to every transaction and flatter the
+ratio.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import BigInteger, DateTime, Integer, String, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import DeclarativeBase, Session, mapped_column
+
+from .common import BenchDatabase, BenchFailure, Figure, Row, verdict
+
+BLOCK = 250
+FLOOR_RATIO = 1.5
+
+
+class _Base(DeclarativeBase):
+    pass
+
+
+class UsageLog(_Base):
+    """The application's own work row."""
+
+    __tablename__ = "usage_log"
+    id = mapped_column(BigInteger().with_variant(Integer(), "sqlite"), primary_key=True,
+                       autoincrement=True)
+    tenant_id = mapped_column(String(100), nullable=False)
+    quantity = mapped_column(Integer, nullable=False)
+    created_at = mapped_column(DateTime(timezone=True), nullable=False)
+
+
+def _work(db: Session, i: int) -> Any:
+    from webapp.models import utcnow
+
+    log = UsageLog(tenant_id=f"tenant-{i % 20:03d}", quantity=1 + i % 7, created_at=utcnow())
+    db.add(log)
+    db.flush()
+    return log
+
+
+def tx_bare(engine: Any, i: int) -> None:
+    with Session(engine) as db, db.begin():
+        _work(db, i)
+
+
+def tx_enqueue(engine: Any, i: int) -> None:
+    from webapp.outbox import enqueue_usage
+
+    with Session(engine) as db, db.begin():
+        log = _work(db, i)
+        enqueue_usage(db, tenant_id=log.tenant_id, quantity=log.quantity,
+                      idempotency_key=f"usage_log:{log.id}", occurred_at=log.created_at)
+
+
+def tx_seed(engine: Any, i: int) -> None:
+    """The article's savepoint + IntegrityError enqueue, writing the same outbox row."""
+    from webapp.models import OutboxEvent, utcnow
+
+    with Session(engine) as db, db.begin():
+        log = _work(db, i)
+        key = f"usage_log:{log.id}"
+        now = utcnow()
+        row = OutboxEvent(tenant_id=log.tenant_id, meter="api_requests", quantity=log.quantity,
+                          idempotency_key=key, occurred_at=log.created_at, status="pending",
+                          attempt_count=0, call_count=0, key_generation=0, next_attempt_at=now,
+                          created_at=now, updated_at=now)
+        try:
+            with db.begin_nested():
+                db.add(row)
+                db.flush()
+        except IntegrityError:  # the same usage tried to enqueue a second time
+            existing = db.scalars(select(OutboxEvent)
+                                  .where(OutboxEvent.idempotency_key == key)).first()
+            assert existing is not None
+
+
+VARIANTS: dict[str, Callable[[Any, int], None]] = {
+    "bare": tx_bare, "enqueue": tx_enqueue, "seed": tx_seed}
+
+
+def measure(engine: Any, n: int) -> dict[str, float]:
+    """Seconds per variant for ``n`` transactions each, interleaved in blocks."""
+    spent = dict.fromkeys(VARIANTS, 0.0)
+    names = list(VARIANTS)
+    # Warm up (statement caches, connection) outside the clock.
+    for name in names:
+        for i in range(20):
+            VARIANTS[name](engine, 10_000_000 + i)
+    counter = 0
+    for b in range(0, n, BLOCK):
+        size = min(BLOCK, n - b)
+        k = (b // BLOCK) % len(names)
+        for name in names[k:] + names[:k]:
+            fn = VARIANTS[name]
+            t0 = time.perf_counter()
+            for _ in range(size):
+                fn(engine, counter)
+                counter += 1
+            spent[name] += time.perf_counter() - t0
+    return spent
+
+
+def _check(engine: Any, n: int, label: str) -> None:
+    from sqlalchemy import func
+
+    from webapp.models import OutboxEvent
+
+    with Session(engine) as db:
+        logs = db.scalar(select(func.count()).select_from(UsageLog))
+        events = db.scalar(select(func.count()).select_from(OutboxEvent))
+    warm = 20 * len(VARIANTS)
+    if logs != 3 * n + warm or events != 2 * n + 2 * 20:
+        raise BenchFailure(f"enqueue ({label}): expected {3 * n + warm} usage_log rows and "
+                           f"{2 * n + 40} outbox rows, found {logs} and {events}")
+
+
+def run_postgres(db: BenchDatabase, n: int) -> dict[str, float]:
+    from webapp.db import make_engine
+
+    with db.outbox_schema("enq") as url:
+        engine = make_engine(url, pool_pre_ping=False)
+        try:
+            _Base.metadata.create_all(engine)
+            spent = measure(engine, n)
+            _check(engine, n, "PostgreSQL")
+        finally:
+            engine.dispose()
+    return spent
+
+
+def run_sqlite(n: int) -> dict[str, float]:
+    from webapp.db import make_engine
+    from webapp.migrate import upgrade
+
+    with tempfile.TemporaryDirectory(prefix="bench-sqlite-") as tmp:
+        url = f"sqlite:///{Path(tmp) / 'outbox.sqlite3'}"
+        engine = make_engine(url)
+        try:
+            upgrade(engine)
+            _Base.metadata.create_all(engine)
+            spent = measure(engine, n)
+            _check(engine, n, "SQLite")
+        finally:
+            engine.dispose()
+    return spent
+
+
+@dataclass
+class EnqueueResults:
+    n: int
+    runs: int
+    figures: dict[str, Figure] = field(default_factory=dict)
+    raw: list[dict[str, Any]] = field(default_factory=list)
+
+    def fig(self, name: str) -> Figure:
+        return self.figures.setdefault(name, Figure())
+
+
+def run(db: BenchDatabase, *, n: int, runs: int, log: Any = print) -> EnqueueResults:
+    res = EnqueueResults(n=n, runs=runs)
+    for i in range(runs):
+        r = {"postgres": run_postgres(db, n), "sqlite": run_sqlite(n)}
+        res.raw.append(r)
+        for backend, spent in r.items():
+            for name, secs in spent.items():
+                res.fig(f"{backend}_{name}_ms").add(secs / n * 1000)
+            res.fig(f"{backend}_ratio").add(spent["enqueue"] / spent["bare"])
+            res.fig(f"{backend}_seed_ratio").add(spent["seed"] / spent["bare"])
+            res.fig(f"{backend}_enqueue_vs_seed").add(spent["enqueue"] / spent["seed"])
+            log(f"enqueue run {i + 1}/{runs} {backend}: bare {spent['bare'] / n * 1000:.3f} "
+                f"ms/tx, enqueue_usage {spent['enqueue'] / spent['bare']:.2f}×, seed "
+                f"{spent['seed'] / spent['bare']:.2f}×")
+    return res
+
+
+def rows(res: EnqueueResults) -> list[Row]:
+    s = "Enqueue overhead"
+    f = res.fig
+    out = []
+    for backend, label in (("postgres", "PostgreSQL"), ("sqlite", "SQLite")):
+        pg = backend == "postgres"
+        out += [
+            Row(s, f"{label}: bare transaction ({res.n:,} tx: usage_log insert + commit)",
+                f(f"{backend}_bare_ms").fmt(3, " ms/tx")),
+            Row(s, f"{label}: with enqueue_usage", f(f"{backend}_enqueue_ms").fmt(3, " ms/tx")),
+            Row(s, f"{label}: ratio enqueue_usage / bare", f(f"{backend}_ratio").fmt(2, "×"),
+                f"≤ {FLOOR_RATIO:g}×" if pg else "",
+                verdict(f(f"{backend}_ratio").median <= FLOOR_RATIO) if pg else "",
+                floor_name=f"enqueue ≤ {FLOOR_RATIO:g}× the bare transaction on PostgreSQL"
+                if pg else ""),
+            Row(s, f"{label}: ratio seed savepoint + IntegrityError / bare",
+                f(f"{backend}_seed_ratio").fmt(2, "×")),
+        ]
+    return out
