@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import ROOT, wait_for, worker_env
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -19,8 +20,6 @@ from webapp.db import make_engine
 from webapp.models import OutboxEvent, utcnow
 from webapp.outbox import enqueue_usage
 from webapp.outbox.ops import set_tenant
-
-from conftest import ROOT, wait_for, worker_env
 
 pytestmark = pytest.mark.slow
 

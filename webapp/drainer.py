@@ -64,7 +64,8 @@ def gateway_from(settings: Settings) -> Gateway | None:
         return None
     return StripeGateway(settings.stripe_api_key, api_base=settings.stripe_api_base,
                          timeout_seconds=settings.stripe_timeout_seconds,
-                         default_meter=settings.stripe_meter_event_name)
+                         default_meter=settings.stripe_meter_event_name,
+                         pool_size=settings.concurrency)
 
 
 # -- per-process helpers ---------------------------------------------------------------------------
@@ -132,6 +133,8 @@ class CircuitBreaker:
 
     def allow_batch(self) -> int | None:
         """How many events may be claimed now: None = no limit, 0 = none, 1 = a probe."""
+        if self._open_until is None:  # closed: the common case, read without the lock
+            return None
         state = self.state
         return None if state == "closed" else (0 if state == "open" else 1)
 
@@ -502,40 +505,43 @@ class Drainer:
         margin = timedelta(seconds=self.settings.claim_safety_margin_seconds)
         gateway = self.gateway
         assert gateway is not None
+        def rest(i: int) -> list[int]:
+            return [e.id for e in events[i:]]
+
         for i, ev in enumerate(events):
             now = self.clock()
-            rest = [e.id for e in events[i:]]
             if self.stopping.is_set() or abort.is_set() or now + margin > claim.deadline:
-                out.release.extend(rest)
+                out.release.extend(rest(i))
                 break
             if self.breaker.allow_batch() == 0:
-                out.release_later.extend(rest)
+                out.release_later.extend(rest(i))
                 break
-            if past_dedupe_window(ev.view(), now, self.policy):
+            if ev.first_unknown_at is not None and past_dedupe_window(ev.view(), now,
+                                                                      self.policy):
                 out.dead.append((ev.id, DEAD_PAST_WINDOW))
                 log.error("event %d: %s; not resent", ev.id, DEAD_PAST_WINDOW)
                 continue
             if not self.limiter.acquire(self.stopping):
-                out.release.extend(rest)
+                out.release.extend(rest(i))
                 break
-            attempted_at = self.clock()
             t0 = time.monotonic()
             result = self._call(gateway, ev)
-            out.attempts.append(store.AttemptRecord(ev, result, attempted_at,
+            out.attempts.append(store.AttemptRecord(ev, result, now,
                                                     int((time.monotonic() - t0) * 1000)))
             self.breaker.record(result.outcome)
-            if result.outcome is not Outcome.DELIVERED:
-                log.warning("event %d: %s (HTTP %s, %s %s, request %s)", ev.id,
-                            result.outcome.value, result.http_status, result.error_class,
-                            result.error_code or "", result.request_id)
+            if result.outcome is Outcome.DELIVERED:
+                continue
+            log.warning("event %d: %s (HTTP %s, %s %s, request %s)", ev.id,
+                        result.outcome.value, result.http_status, result.error_class,
+                        result.error_code or "", result.request_id)
             if result.outcome is Outcome.SYSTEMIC:
                 abort.set()
                 self._pause_systemic(result.http_status, result.error_class, result.message)
-                out.release.extend(rest[1:])
+                out.release.extend(rest(i + 1))
                 break
             if result.outcome in (Outcome.NOT_EXECUTED, Outcome.UNKNOWN):
                 # The rest of this lane would meet the same trouble: leave it for later.
-                out.release_later.extend(rest[1:])
+                out.release_later.extend(rest(i + 1))
                 break
         return out
 

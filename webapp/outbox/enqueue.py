@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from datetime import datetime, timedelta
+from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, literal, select
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, make_transient_to_detached
 
 from ..models import OutboxEvent, utcnow
 from .states import Status
@@ -76,6 +78,25 @@ def validate_usage(*, tenant_id: object, quantity: object, idempotency_key: obje
         raise InvalidUsage("occurred_at", "is more than 5 minutes in the future")
 
 
+_INSERT_COLUMNS = ("tenant_id", "meter", "quantity", "idempotency_key", "occurred_at",
+                   "next_attempt_at", "created_at", "updated_at")
+
+
+@functools.cache
+def _insert_statement(dialect: str) -> Any:
+    """``INSERT … ON CONFLICT (idempotency_key) DO NOTHING RETURNING id``, built once per
+    dialect: building and hashing the statement on every call cost more than the insert."""
+    table = OutboxEvent.__table__
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    values: dict[str, Any] = {name: bindparam(name, type_=table.c[name].type)
+                              for name in _INSERT_COLUMNS}
+    values.update(status=literal(Status.PENDING.value), attempt_count=literal(0),
+                  call_count=literal(0), key_generation=literal(0))
+    return (insert(table).values(values)
+            .on_conflict_do_nothing(index_elements=[table.c.idempotency_key])
+            .returning(table.c.id))
+
+
 def enqueue_usage(db: Session, *, tenant_id: str, quantity: int, idempotency_key: str,
                   meter: str | None = None, occurred_at: datetime | None = None,
                   now: datetime | None = None) -> OutboxEvent:
@@ -97,18 +118,18 @@ def enqueue_usage(db: Session, *, tenant_id: str, quantity: int, idempotency_key
     validate_usage(tenant_id=tenant_id, quantity=quantity, idempotency_key=idempotency_key,
                    meter=meter, occurred_at=occurred_at, now=now)
 
-    values = dict(tenant_id=tenant_id, meter=meter, quantity=quantity,
+    params = dict(tenant_id=tenant_id, meter=meter, quantity=quantity,
                   idempotency_key=idempotency_key, occurred_at=occurred_at,
-                  status=Status.PENDING.value, attempt_count=0, call_count=0, key_generation=0,
                   next_attempt_at=now, created_at=now, updated_at=now)
-    dialect = db.get_bind().dialect.name
-    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    stmt = (insert(OutboxEvent).values(**values)
-            .on_conflict_do_nothing(index_elements=[OutboxEvent.idempotency_key])
-            .returning(OutboxEvent))
-    row = db.scalars(stmt, execution_options={"populate_existing": True}).first()
-    if row is not None:
-        return row
+    new_id = db.execute(_insert_statement(db.get_bind().dialect.name), params).scalar()
+    if new_id is not None:
+        event = OutboxEvent(id=new_id, status=Status.PENDING.value, attempt_count=0,
+                            call_count=0, key_generation=0, **params)
+        # Known to the session as the persistent row it is, without another query (columns
+        # not set here load on first access).
+        make_transient_to_detached(event)
+        db.add(event)
+        return event
 
     existing = db.scalars(select(OutboxEvent).where(
         OutboxEvent.idempotency_key == idempotency_key)).one()
