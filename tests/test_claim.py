@@ -20,7 +20,7 @@ from webapp.db import make_engine
 from webapp.models import DeliveryAttempt, OutboxEvent, utcnow
 from webapp.outbox import enqueue_usage
 from webapp.outbox.ops import set_tenant
-from webapp.outbox.states import DEAD_PAST_WINDOW, CallResult, Outcome, Policy
+from webapp.outbox.states import DEAD_PAST_WINDOW, CallResult, Outcome, Policy, idempotency_key
 from webapp.outbox.store import (
     AttemptRecord,
     Claim,
@@ -304,7 +304,7 @@ def test_next_claim_uses_fresh_key_after_5xx(engine: Engine) -> None:
     record_outcomes(engine, c, [attempt(c, 0, E500, at(1))], now=at(2), policy=POLICY)
     (ev,) = claim(engine, at(10)).events
     assert ev.key_generation == 1
-    assert ev.idempotency_key == "k0:1"
+    assert ev.idempotency_key == idempotency_key("k0", 1) != "k0"
     assert ev.identifier == "k0"
 
 

@@ -6,6 +6,7 @@ value exact.
 
 from __future__ import annotations
 
+import hashlib
 import random
 from datetime import UTC, datetime, timedelta
 
@@ -244,13 +245,24 @@ def test_released_status(calls: int, expected: str) -> None:
     assert released_status(view(min(calls, 3), calls, 2, EARLIER)) == expected
 
 
+DIGEST = hashlib.blake2b(b"usage_log:1", digest_size=6).hexdigest()
+
+
 @pytest.mark.parametrize(("identifier", "generation", "expected"), [
     ("usage_log:1", 0, "usage_log:1"),
-    ("usage_log:1", 1, "usage_log:1:1"),
-    ("usage_log:1", 12, "usage_log:1:12"),
+    ("usage_log:1", 1, "usage_log:1:r1:" + DIGEST),
+    ("usage_log:1", 12, "usage_log:1:r12:" + DIGEST),
 ])
 def test_idempotency_key(identifier: str, generation: int, expected: str) -> None:
     assert idempotency_key(identifier, generation) == expected
+
+
+def test_retry_keys_never_equal_another_events_identifier() -> None:
+    # "x:1" is a plausible identifier; the retry key of "x" must not be it.
+    keys = {idempotency_key(i, g) for i in ("x", "x:1", "x:r1", "x:1:1") for g in range(4)}
+    assert len(keys) == 16
+    assert idempotency_key("x", 1) not in {"x:1", "x:r1"}
+    assert len(idempotency_key("k" * 100, 999_999)) <= 255
 
 
 @pytest.mark.parametrize("status", ALL_STATUSES)

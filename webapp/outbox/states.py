@@ -19,6 +19,7 @@ Statuses, and what moves an event out of each:
 
 from __future__ import annotations
 
+import hashlib
 import random
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -180,8 +181,17 @@ def _exhausted_reason(result: CallResult) -> str:
 
 
 def idempotency_key(identifier: str, generation: int) -> str:
-    """The transport key for a call: stable across timeouts, fresh after each 5xx."""
-    return f"{identifier}:{generation}" if generation else identifier
+    """The transport key for a call: stable across timeouts, fresh after each 5xx.
+
+    Generation 0 is the identifier itself. Later ones carry a digest of the identifier, so a
+    retry key cannot equal another event's identifier by accident (``usage:1`` retried must
+    not reuse the key of an event whose identifier is ``usage:1:1``: Stripe would answer
+    idempotency_error). Keys stay well under Stripe's 255 characters.
+    """
+    if not generation:
+        return identifier
+    digest = hashlib.blake2b(identifier.encode(), digest_size=6).hexdigest()
+    return f"{identifier}:r{generation}:{digest}"
 
 
 def can_requeue(status: str) -> bool:
