@@ -57,14 +57,15 @@ class Urllib3Client(stripe.HTTPClient):
     def __init__(self, connect_timeout: float, read_timeout: float, *,
                  proxy: str | None = None, pool_size: int = 64) -> None:
         super().__init__(verify_ssl_certs=True, proxy=proxy)
-        options = dict(num_pools=4, maxsize=pool_size, block=False, retries=False,
+        options: dict[str, Any] = dict(num_pools=4, maxsize=pool_size, block=False, retries=False,
                        timeout=urllib3.Timeout(connect=connect_timeout, read=read_timeout),
                        cert_reqs="CERT_REQUIRED", ca_certs=stripe.ca_bundle_path)
         self._pool: urllib3.PoolManager = (urllib3.ProxyManager(proxy, **options) if proxy
                                            else urllib3.PoolManager(**options))
 
     def request(self, method: str, url: str, headers: Mapping[str, str] | None,
-                post_data: Any = None, *, _usage: Any = None) -> tuple[bytes, int, Any]:
+                post_data: Any = None, *, _usage: Any = None
+                ) -> tuple[Any, int, Any]:  # the SDK decodes bytes as well as str
         try:
             resp = self._pool.request(method.upper(), url, body=post_data,
                                       headers=dict(headers or {}), retries=False)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from alembic import context
-from sqlalchemy import engine_from_config, pool
+from sqlalchemy import Connection, engine_from_config, pool
 
 from webapp.models import Base
 
@@ -22,7 +22,7 @@ def run_migrations() -> None:
         _run(conn)
 
 
-def _run(connection: object) -> None:
+def _run(connection: Connection) -> None:
     context.configure(connection=connection, target_metadata=target_metadata,
                       render_as_batch=True, compare_type=True)
     with context.begin_transaction():

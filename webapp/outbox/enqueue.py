@@ -5,9 +5,9 @@ from __future__ import annotations
 import functools
 import os
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import bindparam, literal, select
+from sqlalchemy import Table, bindparam, literal, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, make_transient_to_detached
 
@@ -86,7 +86,7 @@ _INSERT_COLUMNS = ("tenant_id", "meter", "quantity", "idempotency_key", "occurre
 def _insert_statement(dialect: str) -> Any:
     """``INSERT … ON CONFLICT (idempotency_key) DO NOTHING RETURNING id``, built once per
     dialect: building and hashing the statement on every call cost more than the insert."""
-    table = OutboxEvent.__table__
+    table = cast(Table, OutboxEvent.__table__)
     insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
     values: dict[str, Any] = {name: bindparam(name, type_=table.c[name].type)
                               for name in _INSERT_COLUMNS}

@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import cast
 
-from sqlalchemy import Connection, Engine, func, insert, select
+from sqlalchemy import Connection, Engine, Table, func, insert, select
 from sqlalchemy import update as sa_update
 
 from ..models import AuditEntry, AuditEvent, OutboxEvent, Tenant
@@ -15,8 +16,10 @@ from . import store
 from .enqueue import MAX_AGE
 from .states import ALL_STATUSES, DEAD_PAST_WINDOW, Status
 
-T = OutboxEvent.__table__
-TENANTS = Tenant.__table__
+T = cast(Table, OutboxEvent.__table__)
+TENANTS = cast(Table, Tenant.__table__)
+AUDIT = cast(Table, AuditEntry.__table__)
+AUDIT_EVENTS = cast(Table, AuditEvent.__table__)
 
 RESOLVE_REASONS = {
     "billed_manually": "Billed manually",
@@ -164,12 +167,12 @@ def resolve(engine: Engine, ids: Sequence[int], *, actor: str, reason: str, note
 def write_audit(conn: Connection, *, actor: str, action: str, event_ids: Sequence[int],
                 reason_code: str | None, note: str | None, now: datetime) -> int:
     """Append one audit entry (and its event links) in the caller's transaction."""
-    audit_id = conn.execute(insert(AuditEntry.__table__).values(
+    audit_id = conn.execute(insert(AUDIT).values(
         at=now, actor=actor, action=action, event_ids=",".join(str(i) for i in event_ids),
         event_count=len(event_ids), reason_code=reason_code, note=note)
-        .returning(AuditEntry.__table__.c.id)).scalar_one()
+        .returning(AUDIT.c.id)).scalar_one()
     if event_ids:
-        conn.execute(insert(AuditEvent.__table__),
+        conn.execute(insert(AUDIT_EVENTS),
                      [{"audit_id": audit_id, "event_id": i} for i in event_ids])
     return int(audit_id)
 

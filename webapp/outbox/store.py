@@ -13,6 +13,7 @@ import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any, cast
 
 from sqlalchemy import (
     BigInteger,
@@ -20,6 +21,7 @@ from sqlalchemy import (
     Connection,
     Engine,
     String,
+    Table,
     and_,
     any_,
     bindparam,
@@ -47,10 +49,10 @@ from .states import (
     transition,
 )
 
-T = OutboxEvent.__table__
-TENANTS = Tenant.__table__
-ATTEMPTS = DeliveryAttempt.__table__
-CONTROL = Control.__table__
+T = cast(Table, OutboxEvent.__table__)
+TENANTS = cast(Table, Tenant.__table__)
+ATTEMPTS = cast(Table, DeliveryAttempt.__table__)
+CONTROL = cast(Table, Control.__table__)
 
 # Literal predicates, not bound parameters: PostgreSQL can then prove they imply the partial
 # indexes' predicates, even in the generic plans of prepared statements.
@@ -171,7 +173,7 @@ def claim_batch(engine: Engine, *, worker: str, limit: int, now: datetime,
     mapped = (select(TENANTS.c.stripe_customer_id)
               .where(TENANTS.c.tenant_id == T.c.tenant_id)
               .scalar_subquery())
-    conditions = [CLAIMABLE_SQL, T.c.next_attempt_at <= now,
+    conditions: list[Any] = [CLAIMABLE_SQL, T.c.next_attempt_at <= now,
                   or_(T.c.stripe_customer_id.is_not(None), mapped.is_not(None))]
     lanes = list(avoid_lanes)
     if lanes:
