@@ -18,7 +18,7 @@ install: $(STAMP)
 
 run: $(STAMP)
 	$(BIN)/billing-outbox db upgrade
-	@$(BIN)/python -m webapp.first_run
+	@HOST=$(HOST) PORT=$(PORT) $(BIN)/python -m webapp.first_run
 	$(BIN)/billing-outbox serve --host $(HOST) --port $(PORT)
 
 test: $(STAMP)

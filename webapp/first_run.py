@@ -13,7 +13,8 @@ def main() -> None:
     from . import services
 
     svc = services(app)
-    lines = ["", "billing-outbox is starting on http://127.0.0.1:8000", ""]
+    where = f"http://{os.environ.get('HOST', '127.0.0.1')}:{os.environ.get('PORT', '8000')}"
+    lines = ["", f"billing-outbox is starting on {where}", ""]
     if user_count(svc.engine) == 0:
         lines += ["No user exists yet. Create the first admin in another terminal:",
                   "  .venv/bin/billing-outbox users create you@example.com --role admin", ""]
