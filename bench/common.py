@@ -73,6 +73,19 @@ class Figure:
         return f"{med}{unit} ({_num(self.lo, digits)}–{_num(self.hi, digits)})"
 
 
+@dataclass
+class SectionResults:
+    """What one bench section measured: named figures over its runs, and the raw records."""
+
+    events: int
+    runs: int
+    figures: dict[str, Figure] = field(default_factory=dict)
+    raw: list[dict[str, Any]] = field(default_factory=list)
+
+    def fig(self, name: str) -> Figure:
+        return self.figures.setdefault(name, Figure())
+
+
 def _num(x: float, digits: int) -> str:
     return f"{x:,.{digits}f}"
 

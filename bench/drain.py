@@ -41,7 +41,6 @@ import os
 import queue
 import time
 import uuid
-from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -51,8 +50,8 @@ from sqlalchemy.orm import DeclarativeBase, mapped_column
 from .common import (
     BenchDatabase,
     BenchFailure,
-    Figure,
     Row,
+    SectionResults,
     backend_cpu,
     backend_cpu_delta,
     check_all_sent,
@@ -556,15 +555,8 @@ def run_minimal(db: BenchDatabase, template: str, keys: list[str],
 
 # -- the section -----------------------------------------------------------------------------------
 
-@dataclass
-class DrainResults:
-    events: int
-    runs: int
-    figures: dict[str, Figure] = field(default_factory=dict)
-    raw: list[dict[str, Any]] = field(default_factory=list)
-
-    def fig(self, name: str) -> Figure:
-        return self.figures.setdefault(name, Figure())
+class DrainResults(SectionResults):
+    """The drain section's figures."""
 
 
 def _pgq_name(consumers: int, batch: int) -> str:

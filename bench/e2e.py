@@ -30,7 +30,6 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import text
@@ -42,8 +41,8 @@ from .common import (
     TEST_API_KEY,
     BenchDatabase,
     BenchFailure,
-    Figure,
     Row,
+    SectionResults,
     busy_fraction,
     check_exactly_once,
     copied_keys,
@@ -248,15 +247,8 @@ def drain_with_worker(url: str, fake: FakeStripeProcess | None, expected: list[s
 
 # -- the section -----------------------------------------------------------------------------------
 
-@dataclass
-class E2EResults:
-    events: int
-    runs: int
-    figures: dict[str, Figure] = field(default_factory=dict)
-    raw: list[dict[str, Any]] = field(default_factory=list)
-
-    def fig(self, name: str) -> Figure:
-        return self.figures.setdefault(name, Figure())
+class E2EResults(SectionResults):
+    """The e2e section's figures."""
 
 
 def run(db: BenchDatabase, *, events: int, runs: int, log: Any = print,

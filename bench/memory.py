@@ -15,10 +15,17 @@ gateway exactly once, every row ``sent``, one attempt each, a clean exit on SIGT
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
-from .common import METERS, BenchDatabase, Figure, Row, copied_keys, make_template, verdict
+from .common import (
+    METERS,
+    BenchDatabase,
+    Row,
+    SectionResults,
+    copied_keys,
+    make_template,
+    verdict,
+)
 from .e2e import NOOP_WORKER, TENANTS, drain_with_worker, worker_env
 
 COPIES = 10
@@ -28,15 +35,8 @@ MAX_RPS = 10_000      # the most STRIPE_MAX_REQUESTS_PER_SECOND accepts
 FLOOR_MB = 150
 
 
-@dataclass
-class MemoryResults:
-    events: int
-    runs: int
-    figures: dict[str, Figure] = field(default_factory=dict)
-    raw: list[dict[str, Any]] = field(default_factory=list)
-
-    def fig(self, name: str) -> Figure:
-        return self.figures.setdefault(name, Figure())
+class MemoryResults(SectionResults):
+    """The memory section's figures."""
 
 
 def run(db: BenchDatabase, *, events: int, runs: int, log: Any = print) -> MemoryResults:
