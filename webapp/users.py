@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hmac
 import re
 from datetime import datetime
@@ -16,9 +17,14 @@ ROLES = ("viewer", "operator", "admin")
 ROLE_RANK = {role: i for i, role in enumerate(ROLES)}
 EMAIL_RE = re.compile(r"^[^@\s]{1,64}@[^@\s]{1,190}\.[^@\s]{1,60}$")
 MIN_PASSWORD = 12
-# A real hash of a random password, checked when the email is unknown, so a wrong email and a
-# wrong password take the same time.
-_DUMMY_HASH = generate_password_hash("not-a-real-password-4f1c", method="scrypt")
+
+
+@functools.cache
+def _dummy_hash() -> str:
+    """A real hash of a random password, checked when the email is unknown, so a wrong email
+    and a wrong password take the same time. Made on first use, not at import: every CLI
+    command imports this module."""
+    return generate_password_hash("not-a-real-password-4f1c", method="scrypt")
 
 
 class UserError(ValueError):
@@ -53,7 +59,7 @@ def authenticate(engine: Engine, email: str, password: str) -> User | None:
     with Session(engine, expire_on_commit=False) as db:
         user = db.scalars(select(User).where(User.email == email)).first()
     if user is None:
-        check_password_hash(_DUMMY_HASH, password or "")
+        check_password_hash(_dummy_hash(), password or "")
         return None
     ok = check_password_hash(user.password_hash, password or "")
     return user if ok and user.active else None
