@@ -21,7 +21,6 @@ from __future__ import annotations
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ from sqlalchemy import BigInteger, DateTime, Integer, String, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Session, mapped_column
 
-from .common import BenchDatabase, BenchFailure, Figure, Row, verdict
+from .common import BenchDatabase, BenchFailure, Row, SectionResults, verdict
 
 BLOCK = 250
 FLOOR_RATIO = 1.5
@@ -166,19 +165,12 @@ def run_sqlite(n: int) -> dict[str, float]:
     return spent
 
 
-@dataclass
-class EnqueueResults:
-    n: int
-    runs: int
-    figures: dict[str, Figure] = field(default_factory=dict)
-    raw: list[dict[str, Any]] = field(default_factory=list)
-
-    def fig(self, name: str) -> Figure:
-        return self.figures.setdefault(name, Figure())
+class EnqueueResults(SectionResults):
+    """The enqueue section's figures (``events``: transactions per contender and run)."""
 
 
 def run(db: BenchDatabase, *, n: int, runs: int, log: Any = print) -> EnqueueResults:
-    res = EnqueueResults(n=n, runs=runs)
+    res = EnqueueResults(events=n, runs=runs)
     for i in range(runs):
         r = {"postgres": run_postgres(db, n), "sqlite": run_sqlite(n)}
         res.raw.append(r)
@@ -201,7 +193,7 @@ def rows(res: EnqueueResults) -> list[Row]:
     for backend, label in (("postgres", "PostgreSQL"), ("sqlite", "SQLite")):
         pg = backend == "postgres"
         out += [
-            Row(s, f"{label}: bare transaction ({res.n:,} tx: usage_log insert + commit)",
+            Row(s, f"{label}: bare transaction ({res.events:,} tx: usage_log insert + commit)",
                 f(f"{backend}_bare_ms").fmt(3, " ms/tx")),
             Row(s, f"{label}: with enqueue_usage", f(f"{backend}_enqueue_ms").fmt(3, " ms/tx")),
             Row(s, f"{label}: ratio enqueue_usage / bare", f(f"{backend}_ratio").fmt(2, "×"),
