@@ -549,8 +549,7 @@ def test_sqlite_claim_searches_an_index(sqlite_url: str) -> None:
             # an index search
             assert (line.startswith("SCAN stripe_usage_outbox USING INDEX ix_outbox_claimable")
                     or line.startswith("SEARCH stripe_usage_outbox USING")), plan
-            assert ("ix_outbox_claimable" in line or "ix_outbox_status_updated (status=?)" in line
-                    or "PRIMARY KEY (rowid=?)" in line), plan
+            assert "ix_outbox_claimable" in line or "PRIMARY KEY (rowid=?)" in line, plan
     finally:
         engine.dispose()
 

@@ -130,7 +130,6 @@ class OutboxEvent(Base):
               postgresql_where=text("status = 'processing'"),
               sqlite_where=text("status = 'processing'")),
         Index("ix_outbox_tenant_created", "tenant_id", "created_at"),
-        Index("ix_outbox_status_updated", "status", "updated_at"),
         # The dashboard's read side (migration 0002; see webapp/queries.py for the queries).
         # Everything not yet sent, covering (on PostgreSQL) the per-status counts, per-tenant
         # usage, retry histograms and 35-day alerts without touching the 95% of rows sent.
@@ -164,8 +163,9 @@ class DeliveryAttempt(Base):
     __tablename__ = "stripe_usage_attempts"
 
     id: Mapped[int] = mapped_column(BigID, primary_key=True, autoincrement=True)
-    event_id: Mapped[int] = mapped_column(
-        BigID, ForeignKey("stripe_usage_outbox.id", ondelete="CASCADE"), index=True)
+    # No foreign key (migration 0004): attempts are written only by ``record_outcomes``, in
+    # the transaction that updates their event under its claim, and events are never deleted.
+    event_id: Mapped[int] = mapped_column(BigID, index=True)
     attempted_at: Mapped[datetime] = mapped_column(UTCDateTime())
     duration_ms: Mapped[int | None] = mapped_column(Integer)
     worker: Mapped[str | None] = mapped_column(String(200))
@@ -182,8 +182,8 @@ class DeliveryAttempt(Base):
     applied: Mapped[bool] = mapped_column(Boolean, default=True)
 
     __table_args__ = (
-        Index("ix_attempts_attempted_at", "attempted_at"),
-        # Failure rates and /metrics read recent calls from the index alone (migration 0002).
+        # Failure rates and /metrics read recent calls from the index alone (migration 0002);
+        # it serves every range on attempted_at.
         Index("ix_attempts_recent", "attempted_at", "outcome", "duration_ms"),
     )
 

@@ -495,7 +495,7 @@ def _sent_buckets(conn: Connection, now: datetime, seconds: int, count: int) -> 
 
 
 def attempt_rates(conn: Connection, *, since: datetime) -> AttemptRates:
-    """Calls to Stripe since ``since`` by outcome (``ix_attempts_attempted_at``)."""
+    """Calls to Stripe since ``since`` by outcome (``ix_attempts_recent``)."""
     by = {o: int(n) for o, n in conn.execute(
         select(ATT.c.outcome, func.count()).where(ATT.c.attempted_at >= since)
         .group_by(ATT.c.outcome))}
