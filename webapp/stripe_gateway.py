@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import requests
 import stripe
@@ -21,8 +21,7 @@ DUPLICATE_IDENTIFIER_PREFIX = "An event already exists with identifier"
 MAX_MESSAGE = 1000
 
 
-@dataclass(frozen=True)
-class MeterEvent:
+class MeterEvent(NamedTuple):
     """Exactly what goes to ``POST /v1/billing/meter_events`` for one outbox event."""
 
     event_name: str
