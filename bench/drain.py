@@ -81,13 +81,14 @@ class NoopGateway:
     """A ``Gateway`` that delivers everything at once and remembers what it was handed."""
 
     def __init__(self) -> None:
-        self.seen: list[str] = []
-
-    def send(self, event: Any, idempotency_key: str) -> Any:
         from webapp.outbox.states import CallResult, Outcome
 
+        self.seen: list[str] = []
+        self._delivered = CallResult(Outcome.DELIVERED, http_status=200)  # immutable
+
+    def send(self, event: Any, idempotency_key: str) -> Any:
         self.seen.append(event.identifier)
-        return CallResult(Outcome.DELIVERED, http_status=200)
+        return self._delivered
 
 
 class _CpuMeter:
@@ -117,6 +118,8 @@ def drain_settings(url: str) -> Any:
 
 def _ours_child(url: str, ready: Any, go: Any, out: Any) -> None:
     try:
+        import threading
+
         from sqlalchemy import text
 
         from webapp.db import make_engine
@@ -126,35 +129,41 @@ def _ours_child(url: str, ready: Any, go: Any, out: Any) -> None:
         engine = make_engine(url, connect_args={"application_name": tag})
         gateway = NoopGateway()
         drainer = Drainer(engine, drain_settings(url), gateway)
-        with engine.connect() as conn:  # connect before the clock starts
-            conn.execute(text("SELECT 1"))
+        watcher = make_engine(url, pool_size=1, connect_args={"application_name": "bench-watch"})
+        for e in (engine, watcher):
+            with e.connect() as conn:  # connect before the clock starts
+                conn.execute(text("SELECT 1"))
         ready.put(True)
         go.wait()
         cpu = _CpuMeter(tag)
         t_first = time.monotonic()
-        t_last = t_first
-        claimed = released = passes = 0
-        while True:
-            summary = drainer.drain_once()
-            passes += 1
-            claimed += summary.claimed
-            released += summary.released
-            if summary.sent:
-                t_last = time.monotonic()
-            if summary.claimed:
-                continue
-            with engine.connect() as conn:
+        worker = threading.Thread(target=drainer.run, name="bench-worker")
+        worker.start()
+        # The worker loop runs until stopped; the rate runs to the commit of the last outcome
+        # (seen by a watcher connection, outside the measured backends).
+        with watcher.connect() as conn:
+            while True:
+                time.sleep(0.01)
                 left = conn.execute(text(
-                    "SELECT count(*) FROM stripe_usage_outbox WHERE status <> 'sent'")).scalar()
-            if not left:
-                break
-            time.sleep(0.005)  # others hold the rest, or released events are not due yet
+                    "SELECT EXISTS (SELECT 1 FROM stripe_usage_outbox "
+                    "WHERE status IN ('pending', 'retrying', 'processing'))")).scalar()
+                conn.rollback()
+                if not left:
+                    t_last = time.monotonic()
+                    break
+                if not worker.is_alive():
+                    raise BenchFailure("the drainer stopped before the queue was empty")
         client, server = cpu.stop()
-        drainer.close()
+        drainer.request_stop()
+        worker.join(timeout=60)
+        if worker.is_alive():
+            raise BenchFailure("the drainer did not stop within 60 s of request_stop")
+        watcher.dispose()
         engine.dispose()
+        totals = drainer.totals
         out.put({"t_first": t_first, "t_last": t_last, "seen": gateway.seen,
-                 "claimed": claimed, "released": released, "passes": passes,
-                 "cpu_client": client, "cpu_server": server})
+                 "claimed": totals.claimed, "released": totals.released,
+                 "passes": drainer.passes, "cpu_client": client, "cpu_server": server})
     except BaseException as exc:  # report, never hang the parent
         out.put({"error": f"{type(exc).__name__}: {exc}"})
         raise

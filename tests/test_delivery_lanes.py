@@ -149,11 +149,12 @@ def test_a_sigkilled_workers_lane_is_free_at_once(
         probe.close()
     assert freed_after < 5.0
 
-    # The victim's claimed rows wait for their claim deadline; the lane does not.
+    # The victim's claimed rows wait for their claim deadline; the lane does not. It held the
+    # batch it was sending and, claimed ahead (a backlog), the next one: two batches of 2.
     with pg.connect() as conn:
         held = conn.execute(select(T.c.idempotency_key, T.c.processing_deadline_at)
                             .where(T.c.status == "processing")).all()
-    assert call["identifier"] in {k for k, _ in held} and 1 <= len(held) <= 2
+    assert call["identifier"] in {k for k, _ in held} and 1 <= len(held) <= 4
     deadline = min(d for _, d in held)
 
     # Let the dead worker's call finish on Stripe's side before another call of the lane starts

@@ -23,7 +23,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 
@@ -119,6 +119,7 @@ class CircuitBreaker:
         self.window, self.threshold, self.min_calls = window, threshold, min_calls
         self.base_cooldown, self.max_cooldown = cooldown, max_cooldown
         self._recent: deque[bool] = deque(maxlen=window)
+        self._failures = 0  # True values in _recent, kept as they come and go
         self._cooldown = cooldown
         self._open_until: float | None = None
         self._monotonic = monotonic
@@ -142,24 +143,30 @@ class CircuitBreaker:
         """Count one call's outcome. While open, any definite answer (Stripe is reachable)
         closes the breaker; a failure after the cool-down (the probe's) re-opens it for twice
         as long."""
+        failing = outcome in self.FAILING
         with self._lock:
-            failing = outcome in self.FAILING
-            now = self._monotonic()
             if self._open_until is not None:
+                now = self._monotonic()
                 if not failing:
                     self._open_until, self._cooldown = None, self.base_cooldown
                     self._recent.clear()
+                    self._failures = 0
                 elif now >= self._open_until:
                     self._cooldown = min(self.max_cooldown, self._cooldown * 2)
                     self._open_until = now + self._cooldown
                 return
-            self._recent.append(failing)
-            if (failing and len(self._recent) >= self.min_calls
-                    and sum(self._recent) / len(self._recent) >= self.threshold):
-                self._open_until = now + self._cooldown
+            recent = self._recent
+            if len(recent) == self.window:
+                self._failures -= recent[0]  # about to drop out of the window
+            recent.append(failing)
+            if not failing:
+                return
+            self._failures += 1
+            if (len(recent) >= self.min_calls
+                    and self._failures / len(recent) >= self.threshold):
+                self._open_until = self._monotonic() + self._cooldown
                 log.warning("circuit breaker open: %d of the last %d calls failed; holding "
-                            "claims for %.1fs", sum(self._recent), len(self._recent),
-                            self._cooldown)
+                            "claims for %.1fs", self._failures, len(recent), self._cooldown)
 
 
 def lane_key(lane: Lane) -> int:
@@ -348,6 +355,27 @@ class _LaneResult:
     dead: list[tuple[int, str]] = field(default_factory=list)
 
 
+@dataclass
+class _Pass:
+    """One pass between its phases: claimed (``_begin``), sent (``_send``), recorded
+    (``_finish``)."""
+
+    summary: DrainSummary
+    started: float
+    claim: store.Claim | None = None
+    probing: bool = False
+    results: list[_LaneResult] = field(default_factory=list)
+    busy_ids: list[int] = field(default_factory=list)
+    aborted: bool = False
+
+    @property
+    def events(self) -> int:
+        return len(self.claim.events) if self.claim is not None else 0
+
+    def released_any(self) -> bool:
+        return bool(self.busy_ids) or any(r.release or r.release_later for r in self.results)
+
+
 class Drainer:
     """Wires the outbox core to a gateway. One per process; thread-safe ``drain_once``."""
 
@@ -372,6 +400,13 @@ class Drainer:
         self._last_rescue = 0.0
         self._last_probe = 0.0
         self.probe_interval_seconds = 30.0
+        #: ``run`` overlaps the next claim and the last record with sending (PostgreSQL:
+        #: each on its own connection; SQLite would only queue them behind one write lock).
+        self.pipelined = engine.dialect.name == "postgresql"
+        #: Every finished pass's figures added up (``claimed``, ``sent``, ``released``…).
+        self.totals = DrainSummary()
+        self.passes = 0
+        self._totals_lock = threading.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -388,6 +423,9 @@ class Drainer:
         """Drain until ``request_stop``; sleep ``OUTBOX_POLL_INTERVAL_SECONDS`` when idle."""
         log.info("worker %s started", self.worker)
         try:
+            if self.pipelined:
+                self._run_pipelined()
+                return
             while not self.stopping.is_set():
                 try:
                     summary = self.drain_once()
@@ -401,6 +439,81 @@ class Drainer:
         finally:
             self.close()
             log.info("worker %s stopped", self.worker)
+
+    def _run_pipelined(self) -> None:
+        """``drain_once`` in a loop, with its three phases overlapped across batches: while
+        batch N is being sent, batch N+1 is claimed (a claimer thread) and batch N-1's
+        outcomes are recorded (a recorder thread), each on a connection of its own.
+
+        The guarantees are the sequential loop's: a batch is sent only after the previous
+        one's calls have all returned and its lanes were released, so lanes never overlap;
+        every write is still token-guarded; a batch claimed ahead is released untouched when
+        the worker stops or sending was paused meanwhile. Claiming ahead happens only after
+        a full, clean batch (a backlog), never while probing or with the breaker not closed.
+        """
+        poll = self.settings.poll_interval_seconds
+        claimer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="outbox-claim")
+        recorder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="outbox-record")
+        ahead: Future[_Pass] | None = None
+        recording: Future[None] | None = None
+        try:
+            while not self.stopping.is_set():
+                with self._pass_lock:
+                    try:
+                        if ahead is not None:
+                            p, ahead = ahead.result(), None
+                        else:
+                            p = self._begin(force_rescue=False)
+                    except Exception:
+                        log.exception("drain pass failed; retrying after the poll interval")
+                        self.stopping.wait(poll)
+                        continue
+                    if p.claim is None or not p.claim.events:
+                        self.stopping.wait(poll)
+                        continue
+                    backlog = (p.events >= self.settings.batch_size and not p.probing
+                               and self.breaker.allow_batch() is None)
+                    if backlog:
+                        ahead = claimer.submit(self._begin, force_rescue=False, ahead=True)
+                    try:
+                        self._send(p)
+                    except Exception:
+                        log.exception("sending a batch failed; what was sent is recorded, the "
+                                      "rest returns to the queue when its claim expires")
+                    if p.aborted and ahead is not None:
+                        self._release_pass(ahead)  # sending was paused while it was claimed
+                        ahead = None
+                    if recording is not None:
+                        self._await_record(recording)
+                    recording = recorder.submit(self._finish, p)
+                if ahead is None and (not backlog or p.released_any()):
+                    self.stopping.wait(poll)
+        finally:
+            if ahead is not None:
+                self._release_pass(ahead)
+            if recording is not None:
+                self._await_record(recording)
+            claimer.shutdown(wait=True)
+            recorder.shutdown(wait=True)
+
+    def _release_pass(self, ahead: Future[_Pass]) -> None:
+        """Return a batch claimed ahead to the queue untouched."""
+        try:
+            p = ahead.result()
+        except Exception:
+            log.exception("claiming ahead failed")
+            return
+        if p.claim is not None and p.claim.events:
+            store.release(self.engine, p.claim.token, [e.id for e in p.claim.events],
+                          now=self.clock())
+
+    @staticmethod
+    def _await_record(recording: Future[None]) -> None:
+        try:
+            recording.result()
+        except Exception:
+            log.exception("recording a batch failed; its events return to the queue when "
+                          "their claim expires")
 
     # -- maintenance -------------------------------------------------------------------------
     def rescue_once(self) -> int:
@@ -421,72 +534,95 @@ class Drainer:
     def drain_once(self, *, force_rescue: bool = False) -> DrainSummary:
         """Claim one batch, send it, record the outcomes. Never raises for Stripe's answers."""
         with self._pass_lock:
-            started = time.monotonic()
-            summary = self._drain(force_rescue)
-            summary.duration_ms = int((time.monotonic() - started) * 1000)
-            summary.breaker = self.breaker.state
-            if summary.claimed:
-                log.info("drained: %s", summary.as_dict())
-            return summary
+            p = self._begin(force_rescue=force_rescue)
+            if p.claim is not None and p.claim.events:
+                try:
+                    self._send(p)
+                finally:
+                    self._finish(p)
+            else:
+                self._close(p)
+            return p.summary
 
-    def _drain(self, force_rescue: bool) -> DrainSummary:
+    def _begin(self, *, force_rescue: bool, ahead: bool = False) -> _Pass:
+        """Phase 1: rescue (when due), read the pause switch and the breaker, claim."""
         summary = DrainSummary()
+        p = _Pass(summary, started=time.monotonic())
         if self.gateway is None:
             summary.skipped = "STRIPE_API_KEY is not set: nothing is sent"
-            return summary
+            return p
         summary.rescued = self.rescue_once() if force_rescue else self._rescue_if_due()
         if self.stopping.is_set():
             summary.skipped = "stopping"
-            return summary
+            return p
         with self.engine.connect() as conn:
             pause = store.pause_state(conn)
         limit: int | None = self.settings.batch_size
-        probing = False
         if pause.paused:
             summary.paused, summary.pause_reason = True, pause.reason
             due = time.monotonic() - self._last_probe >= self.probe_interval_seconds
-            if pause.kind != "systemic" or not due:
-                return summary
+            if ahead or pause.kind != "systemic" or not due:
+                return p
             self._last_probe = time.monotonic()
-            limit, probing = 1, True
+            limit, p.probing = 1, True
         allowed = self.breaker.allow_batch()
-        if allowed == 0:
+        if allowed == 0 or (ahead and allowed is not None):
             summary.skipped = "circuit breaker open"
-            return summary
+            return p
         if allowed == 1:
             limit = 1
         assert limit is not None
-        now = self.clock()
-        claim = store.claim_batch(self.engine, worker=self.worker, limit=limit, now=now,
-                                  claim_timeout_seconds=self.settings.claim_timeout_seconds,
-                                  avoid_lanes=self.lanes.busy())
-        summary.claimed = len(claim.events)
-        if not claim.events:
-            return summary
-        self._send_and_record(claim, summary)
-        if probing and summary.sent:
-            if store.set_paused(self.engine, paused=False, reason=None, kind="systemic",
-                                by=self.worker, now=self.clock(), only_kind="systemic"):
-                log.warning("sending resumed: a probe call to Stripe succeeded")
-            summary.paused = False
-        return summary
+        # Claimed ahead, while this process still holds the previous batch's lanes: those
+        # are free again by the time this batch is sent.
+        avoid = () if ahead else self.lanes.busy()
+        p.claim = store.claim_batch(self.engine, worker=self.worker, limit=limit,
+                                    now=self.clock(),
+                                    claim_timeout_seconds=self.settings.claim_timeout_seconds,
+                                    avoid_lanes=avoid)
+        summary.claimed = len(p.claim.events)
+        return p
 
-    def _send_and_record(self, claim: store.Claim, summary: DrainSummary) -> None:
+    def _send(self, p: _Pass) -> None:
+        """Phase 2: send the claim's events, one call at a time per lane, holding the lanes
+        (in this process and, through ``LaneLocks``, in every other) until all returned."""
+        assert p.claim is not None
+        claim = p.claim
         by_lane: dict[Lane, list[store.ClaimedEvent]] = {}
         for ev in claim.events:
             by_lane.setdefault(ev.lane, []).append(ev)
         held = self.lanes.acquire(by_lane)
-        busy_ids = [ev.id for lane, evs in by_lane.items() if lane not in held for ev in evs]
+        p.busy_ids = [ev.id for lane, evs in by_lane.items() if lane not in held for ev in evs]
         abort = threading.Event()
-        results: list[_LaneResult] = []
         try:
             lanes = [evs for lane, evs in by_lane.items() if lane in held]
-            results = self._run_lanes(claim, lanes, abort)
+            p.results = self._run_lanes(claim, lanes, abort)
         finally:
-            try:
-                self._record(claim, results, busy_ids, abort, summary)
-            finally:
-                self.lanes.release(held)
+            p.aborted = abort.is_set()
+            self.lanes.release(held)
+
+    def _finish(self, p: _Pass) -> None:
+        """Phase 3: record the outcomes (token-guarded), resume after a good probe, log."""
+        assert p.claim is not None
+        try:
+            self._record(p.claim, p.results, p.busy_ids, p.summary)
+            if p.probing and p.summary.sent:
+                if store.set_paused(self.engine, paused=False, reason=None, kind="systemic",
+                                    by=self.worker, now=self.clock(), only_kind="systemic"):
+                    log.warning("sending resumed: a probe call to Stripe succeeded")
+                p.summary.paused = False
+        finally:
+            self._close(p)
+
+    def _close(self, p: _Pass) -> None:
+        p.summary.duration_ms = int((time.monotonic() - p.started) * 1000)
+        p.summary.breaker = self.breaker.state
+        with self._totals_lock:
+            self.passes += 1
+            for name in ("claimed", "sent", "retrying", "dead", "released", "fenced",
+                         "rescued", "calls"):
+                setattr(self.totals, name, getattr(self.totals, name) + getattr(p.summary, name))
+        if p.summary.claimed:
+            log.info("drained: %s", p.summary.as_dict())
 
     def _run_lanes(self, claim: store.Claim, lanes: list[list[store.ClaimedEvent]],
                    abort: threading.Event) -> list[_LaneResult]:
@@ -566,7 +702,7 @@ class Drainer:
             log.error("sending paused for every worker: %s", reason)
 
     def _record(self, claim: store.Claim, results: list[_LaneResult], busy_ids: list[int],
-                abort: threading.Event, summary: DrainSummary) -> None:
+                summary: DrainSummary) -> None:
         attempts = [a for r in results for a in r.attempts]
         release_now = [i for r in results for i in r.release]
         release_later = busy_ids + [i for r in results for i in r.release_later]
