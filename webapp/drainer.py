@@ -638,18 +638,25 @@ class Drainer:
                    abort: threading.Event) -> _LaneResult:
         """Send one lane's events in order, one call at a time."""
         out = _LaneResult()
-        margin = timedelta(seconds=self.settings.claim_safety_margin_seconds)
+        # The last moment a call may start: later, the claim could expire while it runs.
+        latest = claim.deadline - timedelta(seconds=self.settings.claim_safety_margin_seconds)
         gateway = self.gateway
         assert gateway is not None
+        # Bound once: this loop runs for every event the drainer sends.
+        clock, monotonic, call = self.clock, time.monotonic, self._call
+        stopping, aborted = self.stopping.is_set, abort.is_set
+        breaker, limiter, record = self.breaker, self.limiter, out.attempts.append
+        attempt = store.AttemptRecord
+
         def rest(i: int) -> list[int]:
             return [e.id for e in events[i:]]
 
         for i, ev in enumerate(events):
-            now = self.clock()
-            if self.stopping.is_set() or abort.is_set() or now + margin > claim.deadline:
+            now = clock()
+            if stopping() or aborted() or now > latest:
                 out.release.extend(rest(i))
                 break
-            if self.breaker.allow_batch() == 0:
+            if breaker.allow_batch() == 0:
                 out.release_later.extend(rest(i))
                 break
             if ev.first_unknown_at is not None and past_dedupe_window(ev.view(), now,
@@ -657,14 +664,13 @@ class Drainer:
                 out.dead.append((ev.id, DEAD_PAST_WINDOW))
                 log.error("event %d: %s; not resent", ev.id, DEAD_PAST_WINDOW)
                 continue
-            if not self.limiter.acquire(self.stopping):
+            if not limiter.acquire(self.stopping):
                 out.release.extend(rest(i))
                 break
-            t0 = time.monotonic()
-            result = self._call(gateway, ev)
-            out.attempts.append(store.AttemptRecord(ev, result, now,
-                                                    int((time.monotonic() - t0) * 1000)))
-            self.breaker.record(result.outcome)
+            t0 = monotonic()
+            result = call(gateway, ev)
+            record(attempt(ev, result, now, int((monotonic() - t0) * 1000)))
+            breaker.record(result.outcome)
             if result.outcome is Outcome.DELIVERED:
                 continue
             log.warning("event %d: %s (HTTP %s, %s %s, request %s)", ev.id,

@@ -249,7 +249,7 @@ def record_outcomes(engine: Engine, claim: Claim, attempts: Sequence[AttemptReco
                             last_http_status=None, last_error_message=None,
                             last_request_id=None)
                     .returning(T.c.id))
-            got = set(conn.execute(stmt).scalars())
+            got = set(conn.execute(stmt).scalars().all())  # one fetchall, not a fetch per row
             applied_ids |= got
             summary.sent += len(got)
             summary.fenced += len(last) - len(got)
