@@ -7,7 +7,7 @@ import os
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import Table, bindparam, literal, select
+from sqlalchemy import Table, bindparam, inspect, literal, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, make_transient_to_detached
 
@@ -82,6 +82,13 @@ _INSERT_COLUMNS = ("tenant_id", "meter", "quantity", "idempotency_key", "occurre
                    "next_attempt_at", "created_at", "updated_at")
 
 
+_PG_INSERT = (
+    "INSERT INTO stripe_usage_outbox (tenant_id, meter, quantity, idempotency_key, "
+    "occurred_at, next_attempt_at, created_at, updated_at, status, attempt_count, call_count, "
+    "key_generation) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'pending', 0, 0, 0) "
+    "ON CONFLICT (idempotency_key) DO NOTHING RETURNING id")
+
+
 @functools.cache
 def _insert_statement(dialect: str) -> Any:
     """``INSERT … ON CONFLICT (idempotency_key) DO NOTHING RETURNING id``, built once per
@@ -95,6 +102,30 @@ def _insert_statement(dialect: str) -> Any:
     return (insert(table).values(values)
             .on_conflict_do_nothing(index_elements=[table.c.idempotency_key])
             .returning(table.c.id))
+
+
+#: Every column of a freshly inserted event that enqueue_usage does not set: NULL, or the
+#: constants its INSERT writes.
+_FRESH_ROW: dict[str, Any] = {attr.key: None for attr in inspect(OutboxEvent).column_attrs}
+_FRESH_ROW.update(status=Status.PENDING.value, attempt_count=0, call_count=0, key_generation=0)
+
+
+def _as_persistent(db: Session, new_id: int, params: dict[str, Any]) -> OutboxEvent:
+    """The row just inserted, as a persistent object of the session, without another query.
+
+    Every column is known (what the INSERT wrote), so the object is filled the way a query
+    result is, directly (``ClassManager.new_instance`` and its ``__dict__``, as SQLAlchemy's
+    own loading does), then given its identity: a third of the cost of the constructor's
+    instrumented attribute events, which would also mark every column as changed.
+    """
+    event: OutboxEvent = _MANAGER.new_instance()
+    event.__dict__.update(_FRESH_ROW, id=new_id, **params)
+    make_transient_to_detached(event)
+    db.add(event)
+    return event
+
+
+_MANAGER = inspect(OutboxEvent).class_manager
 
 
 def enqueue_usage(db: Session, *, tenant_id: str, quantity: int, idempotency_key: str,
@@ -121,15 +152,22 @@ def enqueue_usage(db: Session, *, tenant_id: str, quantity: int, idempotency_key
     params = dict(tenant_id=tenant_id, meter=meter, quantity=quantity,
                   idempotency_key=idempotency_key, occurred_at=occurred_at,
                   next_attempt_at=now, created_at=now, updated_at=now)
-    new_id = db.execute(_insert_statement(db.get_bind().dialect.name), params).scalar()
+    conn = db.connection()  # the session's connection, in the caller's transaction
+    if conn.dialect.name == "postgresql":
+        # The request path's one statement, straight to psycopg (which prepares it
+        # server-side after a few uses): SQLAlchemy's per-execution work cost more client
+        # time than the INSERT itself (bench/: 226 µs against 96 µs of client CPU).
+        raw = conn.connection.driver_connection
+        assert raw is not None
+        with raw.cursor() as cur:
+            cur.execute(_PG_INSERT, (tenant_id, meter, quantity, idempotency_key, occurred_at,
+                                     now, now, now))
+            row = cur.fetchone()
+        new_id = row[0] if row is not None else None
+    else:
+        new_id = conn.execute(_insert_statement(conn.dialect.name), params).scalar()
     if new_id is not None:
-        event = OutboxEvent(id=new_id, status=Status.PENDING.value, attempt_count=0,
-                            call_count=0, key_generation=0, **params)
-        # Known to the session as the persistent row it is, without another query (columns
-        # not set here load on first access).
-        make_transient_to_detached(event)
-        db.add(event)
-        return event
+        return _as_persistent(db, new_id, params)
 
     existing = db.scalars(select(OutboxEvent).where(
         OutboxEvent.idempotency_key == idempotency_key)).one()
