@@ -123,7 +123,7 @@ def _ours_child(url: str, ready: Any, go: Any, out: Any) -> None:
         from sqlalchemy import text
 
         from webapp.db import make_engine
-        from webapp.drainer import Drainer
+        from webapp.drainer import Drainer, freeze_startup_objects
 
         tag = f"bench-ours-{os.getpid()}"
         engine = make_engine(url, connect_args={"application_name": tag})
@@ -133,6 +133,7 @@ def _ours_child(url: str, ready: Any, go: Any, out: Any) -> None:
         for e in (engine, watcher):
             with e.connect() as conn:  # connect before the clock starts
                 conn.execute(text("SELECT 1"))
+        freeze_startup_objects()  # the worker command's start-up step
         ready.put(True)
         go.wait()
         cpu = _CpuMeter(tag)

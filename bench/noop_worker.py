@@ -16,6 +16,7 @@ from pathlib import Path
 
 def main() -> int:
     from webapp import create_app, services
+    from webapp.drainer import freeze_startup_objects
 
     from .drain import NoopGateway
 
@@ -29,6 +30,7 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    freeze_startup_objects()  # as the worker command does
     try:
         drainer.run()
     finally:

@@ -97,6 +97,9 @@ def worker() -> None:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    from .drainer import freeze_startup_objects
+
+    freeze_startup_objects()
     drainer.run()
 
 

@@ -14,6 +14,7 @@ Guarantees kept here, on top of the claim's:
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import logging
 import os
@@ -44,6 +45,27 @@ log = logging.getLogger(__name__)
 
 Lane = tuple[str, str]
 Clock = Callable[[], datetime]
+
+
+_frozen = False
+
+
+def freeze_startup_objects() -> None:
+    """Take what the process loaded at start-up out of the garbage collector's way; once.
+
+    A drain loop allocates thousands of short-lived tuples per batch, and the objects of the
+    batches in flight live long enough to be promoted, so full collections come often; each
+    walked every object loaded at start-up (SQLAlchemy's metadata and caches, the SDK, the
+    modules), none of which will ever be garbage. ``gc.freeze()`` moves them to a generation
+    collections skip. Measured by ``bench/``'s drain: about a fifth of the worker's CPU.
+    Called by the ``worker`` command once the app is built, before it starts draining (the
+    full collection before the freeze takes a moment).
+    """
+    global _frozen
+    if not _frozen:
+        _frozen = True
+        gc.collect()
+        gc.freeze()
 
 
 def worker_name() -> str:
