@@ -1,9 +1,11 @@
 """``python -m bench.profile drain|enqueue|worker``: where the time goes, for a missed floor.
 
-* ``drain``: the 1-process drain core of ``bench.drain`` in this process: wall time split by
-  SQL statement (SQLAlchemy cursor events) and Python; a pyinstrument profile (flat self time
-  and the call tree); ``EXPLAIN (ANALYZE, BUFFERS)`` of the claim and completion statements as
-  the drainer sends them; and the table's index and HOT-update counts.
+* ``drain``: the 1-process drain core of ``bench.drain`` in this process, as sequential
+  ``drain_once`` passes (the worker loop overlaps them; sequential ones split cleanly): wall
+  time split by SQL statement (SQLAlchemy cursor events) and Python; a pyinstrument profile
+  (flat self time and the call tree); ``EXPLAIN (ANALYZE, BUFFERS)`` of the claim and
+  completion statements as the drainer sends them; and the table's index and HOT-update
+  counts.
 * ``enqueue``: pyinstrument of ``bench.enqueue``'s enqueue transaction on PostgreSQL and on
   SQLite.
 * ``worker``: py-spy samples of a real ``billing-outbox worker`` during the end-to-end drain
@@ -155,9 +157,9 @@ def profile_drain(db: BenchDatabase, events: int) -> None:
                     print("  " + " ".join(stmt.split())[:400] + " …")
                     for (line,) in cur.fetchall():
                         print("    " + line)
-                # The drainer inserts one attempts row per event with an executemany; the
+                # The drainer writes one attempts row per event by binary COPY; the
                 # same 1,000 rows in one statement show what each row costs the server,
-                # foreign-key trigger included.
+                # index maintenance included.
                 cur.execute(
                     "EXPLAIN (ANALYZE, WAL) INSERT INTO stripe_usage_attempts (event_id, "
                     "attempted_at, duration_ms, worker, claim_token, idempotency_key, outcome, "
@@ -165,7 +167,7 @@ def profile_drain(db: BenchDatabase, events: int) -> None:
                     "idempotency_key, 'delivered', true, 200, true FROM stripe_usage_outbox "
                     "WHERE status = 'processing'")
                 print("\nEXPLAIN (ANALYZE, WAL) of 1,000 attempts rows inserted in one "
-                      "statement (the drainer uses an executemany of 1,000 INSERTs):")
+                      "statement (the drainer uses one binary COPY of 1,000 rows):")
                 for (line,) in cur.fetchall():
                     print("    " + line)
                 raw.rollback()
