@@ -470,8 +470,10 @@ class Drainer:
         The guarantees are the sequential loop's: a batch is sent only after the previous
         one's calls have all returned and its lanes were released, so lanes never overlap;
         every write is still token-guarded; a batch claimed ahead is released untouched when
-        the worker stops or sending was paused meanwhile. Claiming ahead happens only after
-        a full, clean batch (a backlog), never while probing or with the breaker not closed.
+        the worker stops or its current batch met a systemic answer (an operator's pause takes
+        effect at the next claim, as in the sequential loop, so after at most the two batches
+        held). Claiming ahead happens only after a full, clean batch (a backlog), never while
+        probing or with the breaker not closed.
         """
         poll = self.settings.poll_interval_seconds
         claimer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="outbox-claim")
