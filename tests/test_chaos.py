@@ -55,6 +55,14 @@ def pg(pg_url: str) -> Iterator[Engine]:
     eng.dispose()
 
 
+def _pid(worker: str | None) -> int | None:
+    """The process id in a worker's name (``host:pid:…``)."""
+    try:
+        return int((worker or "").split(":")[1])
+    except (IndexError, ValueError):
+        return None
+
+
 class Fleet:
     """Three worker processes; kill and restart them at will."""
 
@@ -64,6 +72,7 @@ class Fleet:
         self.retired: list[subprocess.Popen[bytes]] = []
         self.started = 0
         self.kills = 0
+        self.stranded = 0    # claims left behind by a SIGKILL
         self._numbers: dict[int, int] = {}
 
     def start(self) -> subprocess.Popen[bytes]:
@@ -76,19 +85,33 @@ class Fleet:
         self.procs = [self.start() for _ in range(n)]
 
     def kill_one(self, rng: random.Random, engine: Engine) -> None:
-        """SIGKILL a worker, preferably one holding claims right now, and start another."""
-        with engine.connect() as conn:
-            holders = set(conn.execute(select(T.c.claimed_by).where(T.c.status == "processing"))
-                          .scalars())
-        pids = {int(h.split(":")[1]) for h in holders if h}
-        holding = [i for i, p in enumerate(self.procs) if p.pid in pids]
-        i = rng.choice(holding) if holding else rng.randrange(len(self.procs))
+        """SIGKILL a worker, one caught holding claims if any does within half a second, and
+        start another. Counts the claims the kill stranded (still ``processing`` under the
+        dead worker's name): only the rescuer can bring those back."""
+        deadline = time.monotonic() + 0.5
+        while True:
+            holding = self._holding(engine)
+            if holding or time.monotonic() >= deadline:
+                break
+            time.sleep(0.01)
+        i = rng.choice(sorted(holding)) if holding else rng.randrange(len(self.procs))
         victim = self.procs[i]
         victim.send_signal(signal.SIGKILL)
         victim.wait(timeout=10)
         self.kills += 1
+        self.stranded += sum(1 for h in self._claimers(engine) if _pid(h) == victim.pid)
         self.retired.append(victim)
         self.procs[i] = self.start()
+
+    @staticmethod
+    def _claimers(engine: Engine) -> list[str]:
+        with engine.connect() as conn:
+            return list(conn.execute(select(T.c.claimed_by).where(T.c.status == "processing"))
+                        .scalars())
+
+    def _holding(self, engine: Engine) -> set[int]:
+        pids = {_pid(h) for h in self._claimers(engine)}
+        return {i for i, p in enumerate(self.procs) if p.pid in pids}
 
     def terminate_all(self, timeout: float) -> list[int | None]:
         for p in self.procs:
@@ -290,6 +313,7 @@ def test_chaos(pg_url: str, pg: Engine, fake_stripe: FakeStripe, tmp_path: Path)
     # The chaos really happened.
     faults = Counter(e["fault"] for e in fake_stripe.request_log() if e["fault"])
     assert fleet.kills >= 5, fleet.kills
+    assert fleet.stranded > 0, "no SIGKILL caught a worker holding claims"
     rescued = sum(int(line.split("rescued ")[1].split()[0])
                   for log in tmp_path.glob("worker*.log")
                   for line in log.read_text().splitlines()
