@@ -812,25 +812,39 @@ class Page:
 
 
 def _keyset(conn: Connection, stmt: Any, time_col: Any, id_col: Any, *, after: Cursor | None,
-            before: Cursor | None, limit: int, key: str) -> Page:
+            before: Cursor | None, limit: int, key: str, parts: Sequence[Any] = ()) -> Page:
     """Run ``stmt`` ordered by (time, id) descending, ``limit`` rows after/before a cursor.
 
     Fetches one row more than shown to know whether another page exists; the boundary row
-    is never shown twice nor skipped (ties on time are broken by id).
+    is never shown twice nor skipped (ties on time are broken by id). ``parts``: conditions
+    that split ``stmt`` into disjoint pieces, each served by an index of its own; each piece
+    is paged the same way and the pieces are merged.
     """
     limit = max(1, min(limit, MAX_PAGE))
+    pieces = [stmt.where(c) for c in parts] if parts else [stmt]
+    newest_first = before is None
     if before is not None:
-        stmt = stmt.where(tuple_(time_col, id_col) > tuple_(literal(before.at, UTCDateTime()),
-                                                             literal(before.id)))
-        got = conn.execute(stmt.order_by(time_col.asc(), id_col.asc()).limit(limit + 1)).all()
+        bound = tuple_(time_col, id_col) > tuple_(literal(before.at, UTCDateTime()),
+                                                  literal(before.id))
+        order = (time_col.asc(), id_col.asc())
+    else:
+        bound = None if after is None else tuple_(time_col, id_col) < tuple_(
+            literal(after.at, UTCDateTime()), literal(after.id))
+        order = (time_col.desc(), id_col.desc())
+    got: list[Any] = []
+    for piece in pieces:
+        if bound is not None:
+            piece = piece.where(bound)
+        got += conn.execute(piece.order_by(*order).limit(limit + 1)).all()
+    if len(pieces) > 1:
+        got.sort(key=lambda r: (as_utc(r._mapping[key]), r._mapping["id"]),
+                 reverse=newest_first)
+        got = got[:limit + 1]
+    if before is not None:
         more_newer = len(got) > limit
         rows = [_row(r) for r in reversed(got[:limit])]
         return Page(rows, _cursor(rows[-1], key) if rows else None,
                     _cursor(rows[0], key) if rows and more_newer else None)
-    if after is not None:
-        stmt = stmt.where(tuple_(time_col, id_col) < tuple_(literal(after.at, UTCDateTime()),
-                                                             literal(after.id)))
-    got = conn.execute(stmt.order_by(time_col.desc(), id_col.desc()).limit(limit + 1)).all()
     rows = [_row(r) for r in got[:limit]]
     return Page(rows, _cursor(rows[-1], key) if len(got) > limit else None,
                 _cursor(rows[0], key) if rows and after is not None else None)
@@ -1092,7 +1106,8 @@ def tenant_detail(engine: Engine, tenant_id: str, *, start: date, end: date,
                   limit: int = 50, now: datetime | None = None,
                   margin: timedelta | None = None) -> TenantDetail:
     """A tenant's mapping, its usage for the period by meter, and its events newest first
-    (keyset on (created_at, id) through ``ix_outbox_tenant_created``)."""
+    (keyset on (created_at, id): through ``ix_outbox_tenant_created`` for events not in
+    flight, merged with the few in flight, found through ``ix_outbox_processing_deadline``)."""
     if margin is not None and now is not None:
         refresh_rollups(engine, now=now, margin=margin)
     usage = tenant_usage(engine, start=start, end=end, tenant_id=tenant_id)
@@ -1103,7 +1118,8 @@ def tenant_detail(engine: Engine, tenant_id: str, *, start: date, end: date,
     with engine.connect() as conn:
         tenant = conn.execute(select(TENANTS).where(TENANTS.c.tenant_id == tenant_id)).first()
         page = _keyset(conn, stmt, T.c.created_at, T.c.id, after=after, before=before,
-                       limit=limit, key="created_at")
+                       limit=limit, key="created_at",
+                       parts=(T.c.status != sql_str("processing"), status_is("processing")))
         waiting = int(conn.execute(select(func.count()).where(
             status_in(("pending", "retrying")), NOT_SENT, T.c.tenant_id == tenant_id))
             .scalar_one())

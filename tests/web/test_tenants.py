@@ -193,3 +193,37 @@ def test_usage_of_an_empty_database(engine) -> None:
     assert queries.tenant_usage(engine, start=now.date(), end=now.date()).rows == []
     with pytest.raises(ValueError):
         queries.tenant_usage(engine, start=now.date(), end=now.date() - timedelta(days=1))
+
+
+def test_tenant_page_merges_events_in_flight_into_the_keyset(client_as, seed, now) -> None:
+    """Events being sent are not in the tenant index (a claim writes no entry there); the
+    page finds them apart and merges them in: every event once, newest first, both ways."""
+    statuses = ["sent", "processing", "pending", "processing", "dead", "sent", "processing",
+                "retrying", "resolved", "processing", "sent"]
+    ids = []
+    for i, status in enumerate(statuses):
+        at = now - timedelta(minutes=30 - (i // 2))   # pairs share a created_at: ties by id
+        extra = {"processing_deadline_at": now + timedelta(minutes=1),
+                 "claim_token": f"t{i}", "claimed_by": "h:1:ab"} if status == "processing" else {}
+        ids.append(seed.event(tenant_id="acme", status=status, created_at=at, **extra))
+    seed.event(tenant_id="globex", status="processing", processing_deadline_at=now)
+    expected = [ids[j] for j in sorted(range(len(ids)), key=lambda j: (j // 2, ids[j]),
+                                       reverse=True)]
+    client = client_as("viewer")
+    pages, url = [], "/tenants/acme?limit=3"
+    while url:
+        html = client.get(url).get_data(as_text=True)
+        pages.append([int(i) for i in re.findall(r'<tr data-id="(\d+)"', html)])
+        nxt = re.search(r'href="([^"]*after=[^"]*)" rel="next"', html)
+        url = nxt.group(1).replace("&amp;", "&") if nxt else ""
+    assert [i for p in pages for i in p] == expected
+    assert [len(p) for p in pages] == [3, 3, 3, 2]
+    # And back: "Newer" from the last page shows the page before it.
+    back = []
+    while True:
+        prev = re.search(r'href="([^"]*before=[^"]*)" rel="prev"', html)
+        if not prev:
+            break
+        html = client.get(prev.group(1).replace("&amp;", "&")).get_data(as_text=True)
+        back.append([int(i) for i in re.findall(r'<tr data-id="(\d+)"', html)])
+    assert back == pages[-2::-1]
