@@ -823,13 +823,15 @@ def _keyset(conn: Connection, stmt: Any, time_col: Any, id_col: Any, *, after: C
     limit = max(1, min(limit, MAX_PAGE))
     pieces = [stmt.where(c) for c in parts] if parts else [stmt]
     newest_first = before is None
+    bound: ColumnElement[bool] | None = None
     if before is not None:
         bound = tuple_(time_col, id_col) > tuple_(literal(before.at, UTCDateTime()),
                                                   literal(before.id))
         order = (time_col.asc(), id_col.asc())
     else:
-        bound = None if after is None else tuple_(time_col, id_col) < tuple_(
-            literal(after.at, UTCDateTime()), literal(after.id))
+        if after is not None:
+            bound = tuple_(time_col, id_col) < tuple_(literal(after.at, UTCDateTime()),
+                                                      literal(after.id))
         order = (time_col.desc(), id_col.desc())
     got: list[Any] = []
     for piece in pieces:
