@@ -138,16 +138,21 @@ class OutboxEvent(Base):
         # The dashboard's read side (migration 0002; see webapp/queries.py for the queries).
         # Everything not yet sent, covering (on PostgreSQL) the per-status counts, per-tenant
         # usage, retry histograms and 35-day alerts without touching the 95% of rows sent.
+        # Events in flight are left out of it and of ix_outbox_waiting_created (migration
+        # 0005), as of the tenant index: the reads add them from the rescuer's index.
         Index("ix_outbox_unsent", "status", "occurred_at",
               postgresql_include=["tenant_id", "meter", "quantity", "stripe_customer_id",
                                   "attempt_count", "last_outcome", "last_error_code",
                                   "last_http_status"],
-              postgresql_where=text("status <> 'sent'"), sqlite_where=text("status <> 'sent'")),
+              postgresql_where=text("status NOT IN ('sent', 'processing')"),
+              sqlite_where=text("status NOT IN ('sent', 'processing')")),
         Index("ix_outbox_sent_at", "sent_at",
               postgresql_where=text("status = 'sent'"), sqlite_where=text("status = 'sent'")),
+        # Pending or retrying, written as the complement: SQLite matches a partial index by
+        # the terms of its predicate, and must never take this one for the claim's.
         Index("ix_outbox_waiting_created", "created_at",
-              postgresql_where=text("status IN ('pending', 'processing', 'retrying')"),
-              sqlite_where=text("status IN ('pending', 'processing', 'retrying')")),
+              postgresql_where=text("status NOT IN ('sent', 'processing', 'dead', 'resolved')"),
+              sqlite_where=text("status NOT IN ('sent', 'processing', 'dead', 'resolved')")),
         Index("ix_outbox_dead", "dead_at", "id",
               postgresql_where=text("status = 'dead'"), sqlite_where=text("status = 'dead'")),
         Index("ix_outbox_dead_tenant", "tenant_id", "dead_at", "id",

@@ -9,8 +9,13 @@ Speed, at a million rows of which 95% are sent (the issue's floor):
 
 * Nothing counts the sent rows on a poll. Everything *not* sent is small and read through
   partial indexes (``ix_outbox_unsent`` and friends, migration 0002). Partial-index
-  predicates are written as SQL literals (``status <> 'sent'``), never bound parameters,
-  so PostgreSQL can prove them even in generic plans and SQLite can match them at all.
+  predicates are written as SQL literals (``status NOT IN ('sent', 'processing')``), never
+  bound parameters, so PostgreSQL can prove them even in generic plans and SQLite can match
+  them at all.
+* Events in flight (``processing``) are in none of those indexes but
+  ``ix_outbox_processing_deadline`` (migration 0005): a claim then writes three index
+  entries, not six. They are few (a batch or two per worker), so a read that counts them
+  adds them from that index (:data:`IN_FLIGHT`).
 * Sent is final. Sent rows are folded into ``usage_sent_rollup`` (per UTC day of
   occurrence, tenant and meter) with a running total, and calls to Stripe into
   ``attempt_rollup`` (per outcome and latency bucket) for /metrics. A rollup's *mark* says
@@ -97,7 +102,7 @@ FOLD_EVERY = timedelta(minutes=5)
 LATENCY_BUCKETS_MS = (25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000)
 #: Statuses whose events still have to reach Stripe (dead ones only by a person's requeue).
 WAITING = ("pending", "processing", "retrying")
-UNSENT_OPEN = ("pending", "processing", "retrying", "dead")
+UNSENT_OPEN = ("pending", "retrying", "dead")  # and those in flight (IN_FLIGHT)
 #: Stripe rejects events older than 35 days; warn this long before.
 NEAR_LIMIT = timedelta(days=7)
 OLDEST_PENDING_ALERT = timedelta(minutes=15)
@@ -130,8 +135,15 @@ def status_in(statuses: Sequence[str]) -> ColumnElement[bool]:
     return T.c.status.in_([sql_str(s) for s in statuses])
 
 
-#: The predicate of ``ix_outbox_unsent``; repeated literally so SQLite matches the index.
-NOT_SENT = T.c.status != sql_str("sent")
+#: The predicate of ``ix_outbox_unsent``: neither sent nor in flight. Repeated literally so
+#: SQLite matches the index.
+IDLE_UNSENT = T.c.status.not_in([sql_str("sent"), sql_str("processing")])
+#: Pending or retrying: the predicate of ``ix_outbox_waiting_created``, the complement
+#: of the other statuses (so SQLite never takes that index for the claim's).
+WAITING_IDLE = T.c.status.not_in([sql_str(s) for s in ("sent", "processing", "dead",
+                                                        "resolved")])
+#: Events in flight: the predicate of ``ix_outbox_processing_deadline``.
+IN_FLIGHT = T.c.status == sql_str("processing")
 
 
 class epoch_bucket(FunctionElement[int]):  # noqa: N801 - SQL function style
@@ -369,20 +381,23 @@ def sending_state(conn: Connection) -> SendingState:
 
 
 def status_counts(conn: Connection) -> dict[str, int]:
-    """Events by status. Sent from the rollup; the rest through ``ix_outbox_unsent``."""
+    """Events by status. Sent from the rollup; in flight through
+    ``ix_outbox_processing_deadline``; the rest through ``ix_outbox_unsent``."""
     counts = dict.fromkeys(ALL_STATUSES, 0)
-    for status, n in conn.execute(select(T.c.status, func.count()).where(NOT_SENT)
+    for status, n in conn.execute(select(T.c.status, func.count()).where(IDLE_UNSENT)
                                   .group_by(T.c.status)):
         counts[status] = int(n)
+    counts["processing"] = int(conn.execute(select(func.count()).where(IN_FLIGHT)).scalar_one())
     counts["sent"] = sent_total(conn)
     return counts
 
 
 def oldest_waiting(conn: Connection) -> datetime | None:
     """When the oldest event still waiting to be sent (pending, processing, retrying) was
-    enqueued (``ix_outbox_waiting_created``)."""
-    return as_utc(conn.execute(select(func.min(T.c.created_at))
-                               .where(status_in(WAITING))).scalar())
+    enqueued (``ix_outbox_waiting_created``, and the few in flight apart)."""
+    found = [as_utc(conn.execute(select(func.min(T.c.created_at)).where(where)).scalar())
+             for where in (WAITING_IDLE, IN_FLIGHT)]
+    return min((at for at in found if at is not None), default=None)
 
 
 # -- overview --------------------------------------------------------------------------------------
@@ -506,8 +521,9 @@ def attempt_rates(conn: Connection, *, since: datetime) -> AttemptRates:
 def _age_limits(conn: Connection, now: datetime) -> tuple[int, int]:
     """(events within 7 days of Stripe's 35-day limit, events past it) not yet sent."""
     limit = now - MAX_AGE
-    inner = select((T.c.occurred_at < limit).label("past")).where(
-        status_in(UNSENT_OPEN), NOT_SENT, T.c.occurred_at < limit + NEAR_LIMIT).subquery()
+    parts = [(status_in(UNSENT_OPEN), IDLE_UNSENT), (IN_FLIGHT,)]
+    inner = union_all(*[select((T.c.occurred_at < limit).label("past")).where(
+        *where, T.c.occurred_at < limit + NEAR_LIMIT) for where in parts]).subquery()
     rows = conn.execute(select(inner.c.past, func.count()).group_by(inner.c.past)).all()
     over = sum(int(n) for past, n in rows if past)
     near = sum(int(n) for past, n in rows if not past)
@@ -521,7 +537,7 @@ def unmapped_tenants(conn: Connection, limit: int = 50) -> list[UnmappedTenant]:
                      TENANTS.c.stripe_customer_id.is_not(None)).exists())
     rows = conn.execute(
         select(T.c.tenant_id, func.count().label("n"), func.min(T.c.occurred_at))
-        .where(status_in(("pending", "retrying")), NOT_SENT, T.c.stripe_customer_id.is_(None),
+        .where(status_in(("pending", "retrying")), IDLE_UNSENT, T.c.stripe_customer_id.is_(None),
                ~mapped)
         .group_by(T.c.tenant_id).order_by(func.count().desc(), T.c.tenant_id).limit(limit))
     return [UnmappedTenant(t, int(n), as_utc(o)) for t, n, o in rows]
@@ -619,8 +635,8 @@ def retries(engine: Engine, *, now: datetime, split: str = "outcome",
                          sql_str("none")))
     recent = (select(T.c.id).where(status_is("sent"), T.c.sent_at.is_not(None))
               .order_by(T.c.sent_at.desc()).limit(RECENT_SENT).scalar_subquery())
-    groups = (("Retrying now", (status_is("retrying"), NOT_SENT)),
-              ("Dead now", (status_is("dead"), NOT_SENT)),
+    groups = (("Retrying now", (status_is("retrying"), IDLE_UNSENT)),
+              ("Dead now", (status_is("dead"), IDLE_UNSENT)),
               (f"Last {RECENT_SENT:,} sent", (T.c.id.in_(recent),)))
     with reading(engine) as conn:
         histograms = [_histogram(conn, label, where, key) for label, where in groups]
@@ -631,7 +647,7 @@ def retries(engine: Engine, *, now: datetime, split: str = "outcome",
                    T.c.occurred_at)
             .where(status_in(("pending", "retrying")), T.c.status == "retrying")
             .order_by(T.c.next_attempt_at, T.c.id).limit(limit)).all()
-        total = int(conn.execute(select(func.count()).where(status_is("retrying"), NOT_SENT))
+        total = int(conn.execute(select(func.count()).where(status_is("retrying"), IDLE_UNSENT))
                     .scalar_one())
     return RetriesPage(now, split, histograms, [_row(r) for r in rows], total)
 
@@ -706,17 +722,19 @@ def tenant_usage(engine: Engine, *, start: date, end: date,
             r = row(t, m)
             r.events["sent"] += int(n)
             r.quantity["sent"] += int(q)
-        where = [status_in(("pending", "processing", "retrying", "dead", "resolved")), NOT_SENT,
-                 T.c.occurred_at >= lo, T.c.occurred_at < hi]
+        span = [T.c.occurred_at >= lo, T.c.occurred_at < hi]
         if tenant_id is not None:
-            where.append(T.c.tenant_id == tenant_id)
-        for t, m, s, n, q in conn.execute(
-                select(T.c.tenant_id, T.c.meter, T.c.status, func.count(), _int_sum(T.c.quantity))
-                .where(*where).group_by(T.c.tenant_id, T.c.meter, T.c.status)):
-            status = "pending" if s == "processing" else s
-            r = row(t, m)
-            r.events[status] += int(n)
-            r.quantity[status] += int(q)
+            span.append(T.c.tenant_id == tenant_id)
+        for where in ((status_in(("pending", "retrying", "dead", "resolved")), IDLE_UNSENT),
+                      (IN_FLIGHT,)):
+            for t, m, s, n, q in conn.execute(
+                    select(T.c.tenant_id, T.c.meter, T.c.status, func.count(),
+                           _int_sum(T.c.quantity))
+                    .where(*where, *span).group_by(T.c.tenant_id, T.c.meter, T.c.status)):
+                status = "pending" if s == "processing" else s
+                r = row(t, m)
+                r.events[status] += int(n)
+                r.quantity[status] += int(q)
         ids = sorted({t for t, _ in table})
         tenants = {t.tenant_id: t for t in conn.execute(
             select(TENANTS.c.tenant_id, TENANTS.c.name, TENANTS.c.stripe_customer_id)
@@ -1123,7 +1141,7 @@ def tenant_detail(engine: Engine, tenant_id: str, *, start: date, end: date,
                        limit=limit, key="created_at",
                        parts=(T.c.status != sql_str("processing"), status_is("processing")))
         waiting = int(conn.execute(select(func.count()).where(
-            status_in(("pending", "retrying")), NOT_SENT, T.c.tenant_id == tenant_id))
+            status_in(("pending", "retrying")), IDLE_UNSENT, T.c.tenant_id == tenant_id))
             .scalar_one())
     return TenantDetail(tenant_id, _row(tenant) if tenant else None, usage, page, waiting)
 

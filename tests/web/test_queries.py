@@ -10,7 +10,8 @@ from sqlalchemy import literal, select
 
 from webapp import queries
 from webapp.models import utcnow
-from webapp.outbox.states import DEAD_PAST_WINDOW
+from webapp.outbox import ops
+from webapp.outbox.states import ALL_STATUSES, DEAD_PAST_WINDOW
 
 
 def test_epoch_bucket_and_utc_day(engine, seed) -> None:
@@ -117,3 +118,32 @@ def test_status_literals_are_checked() -> None:
         queries.status_is("sent'; drop table x; --")
     with pytest.raises(ValueError):
         queries.sql_str("100%")
+
+
+def test_waiting_predicate_is_the_complement_of_the_other_statuses() -> None:
+    """ix_outbox_waiting_created's predicate names the statuses it leaves out; a new status
+    must not slip into it unnoticed."""
+    left_out = {"sent", "processing", "dead", "resolved"}
+    assert set(ALL_STATUSES) - left_out == {"pending", "retrying"}
+    assert all(f"'{s}'" in str(queries.WAITING_IDLE.compile(
+        compile_kwargs={"literal_binds": True})) for s in left_out)
+
+
+def test_events_in_flight_are_counted_by_every_read(engine, seed, now) -> None:
+    """Events in flight are in none of the read-side indexes but the deadline one (a claim
+    writes no other entry): every read that counts them must find them there."""
+    flight = dict(status="processing", processing_deadline_at=now + timedelta(minutes=1),
+                  claim_token="t", claimed_by="h:1:ab")
+    seed.event(**flight, created_at=now - timedelta(hours=2),
+               occurred_at=now - timedelta(days=30))                   # oldest; near the limit
+    seed.event(**flight, occurred_at=now - timedelta(days=36))          # past the limit
+    seed.events(2, status="pending", created_at=now - timedelta(minutes=1))
+    seed.event(status="sent")
+    with engine.connect() as conn:
+        counts = queries.status_counts(conn)
+        assert (counts["processing"], counts["pending"], counts["sent"]) == (2, 2, 1)
+        assert queries.oldest_waiting(conn) == now - timedelta(hours=2)
+        assert queries._age_limits(conn, now) == (1, 1)
+    stats = ops.stats(engine, now=now)
+    assert stats["counts"]["processing"] == 2
+    assert stats["oldest_pending_age_seconds"] == 7200.0

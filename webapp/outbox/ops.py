@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import cast
 
-from sqlalchemy import Connection, Engine, Table, func, insert, select
+from sqlalchemy import Connection, Engine, Table, func, insert, select, text
 from sqlalchemy import update as sa_update
 
 from ..models import AuditEntry, AuditEvent, OutboxEvent, Tenant
@@ -205,9 +205,12 @@ def stats(engine: Engine, *, now: datetime) -> dict[str, object]:
         counts = dict.fromkeys(ALL_STATUSES, 0)
         for status, n in conn.execute(select(T.c.status, func.count()).group_by(T.c.status)):
             counts[status] = int(n)
-        oldest = conn.execute(select(func.min(T.c.created_at)).where(
-            T.c.status.in_([Status.PENDING.value, Status.RETRYING.value,
-                            Status.PROCESSING.value]))).scalar()
+        # Waiting: pending or retrying (ix_outbox_waiting_created's predicate), or in flight
+        # (ix_outbox_processing_deadline); literal predicates, so each finds its index.
+        found = [conn.execute(select(func.min(T.c.created_at)).where(where)).scalar()
+                 for where in (text("status NOT IN ('sent', 'processing', 'dead', 'resolved')"),
+                               text("status = 'processing'"))]
+        oldest = min((at for at in found if at is not None), default=None)
         unmapped = conn.execute(
             select(func.count()).select_from(T)
             .where(T.c.status.in_([Status.PENDING.value, Status.RETRYING.value]),
