@@ -532,14 +532,19 @@ def _age_limits(conn: Connection, now: datetime) -> tuple[int, int]:
 
 def unmapped_tenants(conn: Connection, limit: int = 50) -> list[UnmappedTenant]:
     """Tenants with events waiting only because they have no Stripe customer yet."""
+    # Per tenant first (a hash of a few hundred groups), then the mapping test once per
+    # tenant, not once per waiting event.
+    waiting = (select(T.c.tenant_id, func.count().label("n"),
+                      func.min(T.c.occurred_at).label("oldest"))
+               .where(status_in(("pending", "retrying")), IDLE_UNSENT,
+                      T.c.stripe_customer_id.is_(None))
+               .group_by(T.c.tenant_id).subquery())
     mapped = (select(TENANTS.c.tenant_id)
-              .where(TENANTS.c.tenant_id == T.c.tenant_id,
+              .where(TENANTS.c.tenant_id == waiting.c.tenant_id,
                      TENANTS.c.stripe_customer_id.is_not(None)).exists())
     rows = conn.execute(
-        select(T.c.tenant_id, func.count().label("n"), func.min(T.c.occurred_at))
-        .where(status_in(("pending", "retrying")), IDLE_UNSENT, T.c.stripe_customer_id.is_(None),
-               ~mapped)
-        .group_by(T.c.tenant_id).order_by(func.count().desc(), T.c.tenant_id).limit(limit))
+        select(waiting.c.tenant_id, waiting.c.n, waiting.c.oldest).where(~mapped)
+        .order_by(waiting.c.n.desc(), waiting.c.tenant_id).limit(limit))
     return [UnmappedTenant(t, int(n), as_utc(o)) for t, n, o in rows]
 
 
@@ -714,11 +719,14 @@ def tenant_usage(engine: Engine, *, start: date, end: date,
     table: dict[tuple[str, str], UsageRow] = {}
 
     def row(t: str, m: str) -> UsageRow:
-        return table.setdefault((t, m), UsageRow(t, m))
+        r = table.get((t, m))
+        if r is None:
+            r = table[(t, m)] = UsageRow(t, m)
+        return r
 
     with reading(engine) as conn:
         mark = _state(conn, SENT_USAGE)
-        for t, m, n, q in conn.execute(_sent_usage(mark, lo, hi, start, end, tenant_id)):
+        for t, m, n, q in conn.execute(_sent_usage(mark, lo, hi, start, end, tenant_id)).all():
             r = row(t, m)
             r.events["sent"] += int(n)
             r.quantity["sent"] += int(q)
@@ -730,7 +738,8 @@ def tenant_usage(engine: Engine, *, start: date, end: date,
             for t, m, s, n, q in conn.execute(
                     select(T.c.tenant_id, T.c.meter, T.c.status, func.count(),
                            _int_sum(T.c.quantity))
-                    .where(*where, *span).group_by(T.c.tenant_id, T.c.meter, T.c.status)):
+                    .where(*where, *span).group_by(T.c.tenant_id, T.c.meter, T.c.status)
+            ).all():
                 status = "pending" if s == "processing" else s
                 r = row(t, m)
                 r.events[status] += int(n)

@@ -227,3 +227,25 @@ def test_tenant_page_merges_events_in_flight_into_the_keyset(client_as, seed, no
         html = client.get(prev.group(1).replace("&amp;", "&")).get_data(as_text=True)
         back.append([int(i) for i in re.findall(r'<tr data-id="(\d+)"', html)])
     assert back == pages[-2::-1]
+
+
+def test_usage_table_escapes_what_the_database_holds(client_as, seed, now) -> None:
+    """The usage rows are built in Python (webapp.web.common.usage_rows): every string from
+    the database is escaped, and each tenant links to its page for the same period."""
+    evil = '<img src=x onerror="alert(1)">&'
+    seed.tenant(evil, 'cus_<b>"', name="<script>alert(2)</script>")
+    seed.event(tenant_id=evil, meter="m<i>", status="pending", quantity=7)
+    html = client_as("viewer").get("/tenants").get_data(as_text=True)
+    assert "<img src=x" not in html and "<script>alert(2)" not in html and "m<i>" not in html
+    assert "cus_<b>" not in html
+    row = re.search(r'<tr data-tenant="([^"]*)" data-meter="([^"]*)">(.*?)</tr>', html)
+    assert row.group(1) == "&lt;img src=x onerror=&#34;alert(1)&#34;&gt;&amp;"
+    assert row.group(2) == "m&lt;i&gt;"
+    cells = row.group(3)
+    assert "&lt;script&gt;alert(2)&lt;/script&gt;" in cells
+    assert "<code>cus_&lt;b&gt;&#34;</code>" in cells
+    start = queries.month_start(now).isoformat()
+    href = re.search(r'<a href="([^"]*)">', cells).group(1)
+    assert href == (f"/tenants/%3Cimg%20src%3Dx%20onerror%3D%22alert%281%29%22%3E%26"
+                    f"?from={start}&amp;to={now.date().isoformat()}")
+    assert 'data-col="pending_quantity">7</td>' in cells
