@@ -124,6 +124,8 @@ def test_filters(client_as, seed, now) -> None:
     assert ids("q=CUSTOMER") == {a}            # case-insensitive
     assert ids("q=100%25_off") == {b}           # % and _ are literal, not wildcards
     assert ids("q=100%25%25") == set()
+    assert ids("q=BAD+Value") == {b}            # the dead reason too
+    assert ids("q=integer:+100") == {b}
     assert ids("age=24h") == {a}
     assert ids("age=gt24h") == {b, c}
     assert ids("age=gt7d") == {c}
@@ -309,3 +311,23 @@ def test_preview_is_capped(engine, seed, now) -> None:
     p = queries.requeue_preview(engine, queries.DeadFilters(), now=now, window_seconds=3600,
                                 cap=3)
     assert p.capped and p.ok_ids == sorted(ids)[:3]
+
+
+def test_search_text_is_literal_and_ignores_ascii_case(engine, seed, now) -> None:
+    """The dead-letter search: '/', '%' and '_' match themselves; ASCII letters match in
+    either case; an id-like text matches an idempotency key exactly."""
+    a = seed.event(status="dead", last_error_message="POST /v1/billing/meter_events failed")
+    b = seed.event(status="dead", last_error_message="POST /v1xbilling failed")
+    c = seed.event(status="dead", idempotency_key="order-7/usage")
+
+    def found(q: str) -> set[int]:
+        page = queries.dead_letters(engine, queries.DeadFilters(q=q), now=now,
+                                    window_seconds=86400)
+        return {r["id"] for r in page.rows}
+
+    assert found("/v1/") == {a}
+    assert found("post /V1") == {a, b}
+    assert found("meter_events") == {a}
+    assert found("meter%events") == set()
+    assert found("order-7/usage") == {c}
+    assert found("//") == set()
