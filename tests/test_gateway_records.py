@@ -43,3 +43,22 @@ def test_delivery_records_request_id_and_clears_the_last_error(
     delivered = attempts[-1]
     logged = {r["request_id"] for r in fake_stripe.request_log() if r.get("status") == 200}
     assert delivered.stripe_request_id in logged
+
+
+def test_the_sdk_client_telemetry_header_is_not_sent(fake_stripe: Any) -> None:
+    """The gateway turns the SDK's client telemetry off: no call carries the previous
+    call's latency to Stripe (it was several percent of the worker's CPU per call)."""
+    from datetime import timedelta
+
+    from webapp.stripe_gateway import MeterEvent, StripeGateway
+
+    fake_stripe.add_meter("api_requests")
+    gateway = StripeGateway("sk_test_telemetry", api_base=fake_stripe.base_url,
+                            timeout_seconds=5)
+    at = utcnow() - timedelta(minutes=1)
+    for i in range(3):
+        result = gateway.send(MeterEvent("api_requests", "cus_t", 1, f"tel-{i}", at),
+                              f"tel-{i}:0")
+        assert result.http_status == 200
+    log = fake_stripe.request_log()
+    assert len(log) == 3 and not any(entry["client_telemetry"] for entry in log)

@@ -766,6 +766,8 @@ class FakeStripe:
             "fault_applied": False,
             "replayed": False,
             "request_id": request_id,
+            # The SDK's client telemetry header, which the gateway turns off.
+            "client_telemetry": handler.headers.get("X-Stripe-Client-Telemetry") is not None,
         }
         with self._lock:
             self._calls += 1
