@@ -73,6 +73,15 @@ class Tenant(Base):
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
+#: Partial-index predicates that queries outside this module repeat word for word (so that
+#: SQLite, which matches a partial index by the terms of its predicate, can use the index).
+IN_FLIGHT_SQL = "status = 'processing'"
+#: Pending or retrying, written as the complement of the other statuses: the claim's own
+#: predicate is ``status IN ('pending', 'retrying')``, and SQLite must never take this
+#: index for the claim's.
+WAITING_IDLE_SQL = "status NOT IN ('sent', 'processing', 'dead', 'resolved')"
+
+
 class OutboxEvent(Base):
     """One usage event waiting for, or done with, delivery to Stripe.
 
@@ -127,8 +136,7 @@ class OutboxEvent(Base):
               sqlite_where=text("status IN ('pending', 'retrying')")),
         # The rescuer: expired claims only.
         Index("ix_outbox_processing_deadline", "processing_deadline_at",
-              postgresql_where=text("status = 'processing'"),
-              sqlite_where=text("status = 'processing'")),
+              postgresql_where=text(IN_FLIGHT_SQL), sqlite_where=text(IN_FLIGHT_SQL)),
         # A tenant's events, newest first. Events in flight are left out (migration 0005):
         # a claim then writes no entry here; the tenant page adds them from the rescuer's
         # index, where the few of them are.
@@ -148,11 +156,9 @@ class OutboxEvent(Base):
               sqlite_where=text("status NOT IN ('sent', 'processing')")),
         Index("ix_outbox_sent_at", "sent_at",
               postgresql_where=text("status = 'sent'"), sqlite_where=text("status = 'sent'")),
-        # Pending or retrying, written as the complement: SQLite matches a partial index by
-        # the terms of its predicate, and must never take this one for the claim's.
+        # Pending or retrying (see WAITING_IDLE_SQL).
         Index("ix_outbox_waiting_created", "created_at",
-              postgresql_where=text("status NOT IN ('sent', 'processing', 'dead', 'resolved')"),
-              sqlite_where=text("status NOT IN ('sent', 'processing', 'dead', 'resolved')")),
+              postgresql_where=text(WAITING_IDLE_SQL), sqlite_where=text(WAITING_IDLE_SQL)),
         Index("ix_outbox_dead", "dead_at", "id",
               postgresql_where=text("status = 'dead'"), sqlite_where=text("status = 'dead'")),
         Index("ix_outbox_dead_tenant", "tenant_id", "dead_at", "id",

@@ -11,7 +11,14 @@ from typing import cast
 from sqlalchemy import Connection, Engine, Table, func, insert, select, text
 from sqlalchemy import update as sa_update
 
-from ..models import AuditEntry, AuditEvent, OutboxEvent, Tenant
+from ..models import (
+    IN_FLIGHT_SQL,
+    WAITING_IDLE_SQL,
+    AuditEntry,
+    AuditEvent,
+    OutboxEvent,
+    Tenant,
+)
 from . import store
 from .enqueue import MAX_AGE
 from .states import ALL_STATUSES, DEAD_PAST_WINDOW, Status
@@ -207,9 +214,8 @@ def stats(engine: Engine, *, now: datetime) -> dict[str, object]:
             counts[status] = int(n)
         # Waiting: pending or retrying (ix_outbox_waiting_created's predicate), or in flight
         # (ix_outbox_processing_deadline); literal predicates, so each finds its index.
-        found = [conn.execute(select(func.min(T.c.created_at)).where(where)).scalar()
-                 for where in (text("status NOT IN ('sent', 'processing', 'dead', 'resolved')"),
-                               text("status = 'processing'"))]
+        found = [conn.execute(select(func.min(T.c.created_at)).where(text(where))).scalar()
+                 for where in (WAITING_IDLE_SQL, IN_FLIGHT_SQL)]
         oldest = min((at for at in found if at is not None), default=None)
         unmapped = conn.execute(
             select(func.count()).select_from(T)
