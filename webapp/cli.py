@@ -108,6 +108,7 @@ def worker() -> None:
 def drain(once: bool) -> None:
     """Drain due events and print a JSON summary."""
     drainer = _svc().drainer()
+    drainer.shards = False  # a one-off: it does not take a share from the running workers
     try:
         summary = drainer.drain_once(force_rescue=True)
         if not once:

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 from sqlalchemy import Connection, Engine, text
 
@@ -198,6 +199,42 @@ def lane_key(lane: Lane) -> int:
     return int.from_bytes(digest, "big", signed=True)
 
 
+# Lane shards (PostgreSQL): ``store.SHARDS`` of them, a lane's computed by the claim. Each
+# draining worker owns about its share, so that with a backlog the workers claim disjoint
+# lanes instead of claiming each other's and releasing them. Ownership is only a preference
+# of the claim: lane locks still decide who sends.
+SHARDS = store.SHARDS
+_PRESENCE = SHARDS  # the key every draining worker holds shared: how many workers there are
+#: How often a worker reads who owns which shard and takes or gives up its share.
+REBALANCE_SECONDS = 0.5
+#: With shards, a lane found busy in another process is left out of this process's claims
+#: this long, so that a worker whose own shards ran dry does not claim and release the same
+#: events of another's lane pass after pass. (Without shards, that would leave every lane to
+#: whichever worker took it first.)
+BUSY_ELSEWHERE_SECONDS = 1.0
+#: A worker short of its share (others have not given theirs up yet) leaves their shards
+#: alone this long; after it, it fills its batches from them as if it held its share.
+SHORT_OF_SHARE_SECONDS = 5.0
+
+
+class ShardView(NamedTuple):
+    """What a claim should know of the lane shards (``LaneLocks.shard_view``)."""
+
+    #: The shards this worker does not own: a batch is claimed from the others first.
+    skip: tuple[int, ...] = ()
+    #: Whether to fill a batch that its own shards left short from ``skip``: yes when this
+    #: worker holds its share (its shards ran dry), no while it waits for its share.
+    fill: bool = True
+
+_SHARD_LOCKS = text("""
+SELECT objid::bigint AS key, pid = pg_backend_pid() AS mine
+FROM pg_locks
+WHERE locktype = 'advisory' AND objsubid = 2 AND granted
+  AND classid = CAST(:space AS oid)
+  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+""")
+
+
 def _sqlite_lock_path(engine: Engine | None) -> str | None:
     """The lane lock file next to a SQLite database file (None for in-memory databases)."""
     if engine is None or engine.dialect.name != "sqlite":
@@ -213,6 +250,8 @@ class LaneLocks:
     PostgreSQL with session advisory locks on a dedicated connection, on SQLite with byte-range
     locks (``fcntl``) in a file next to the database. Both die with the process, so a
     SIGKILLed worker's lanes are free again at once. Busy lanes are skipped, never waited on.
+
+    On PostgreSQL, the same connection holds this worker's lane shards (``shard_view``).
     """
 
     def __init__(self, engine: Engine | None) -> None:
@@ -225,6 +264,20 @@ class LaneLocks:
         self._lock_path = _sqlite_lock_path(engine) if fcntl is not None else None
         self._fd: int | None = None
         self._fd_pid: int | None = None
+        # Lane shards (PostgreSQL), all on ``_conn``: the advisory-lock space of this schema,
+        # whether this worker is counted as present, the shards it owns, those others own.
+        self._space: int | None = None
+        self._present = False
+        self._shards: set[int] = set()
+        self._skip: tuple[int, ...] = ()
+        self._short_since: float | None = None
+        self._shards_read = -REBALANCE_SECONDS
+        self._rng = random.Random()  # noqa: S311 - spreading shards, not security
+
+    @property
+    def sharded(self) -> bool:
+        """Whether workers split the lanes by shards (PostgreSQL)."""
+        return self._engine is not None
 
     def busy(self) -> set[Lane]:
         with self._mutex:
@@ -256,10 +309,108 @@ class LaneLocks:
             elif self._lock_path is not None:
                 self._file_unlock(mine)
 
+    def shard_view(self, *, draining: bool = True) -> ShardView:
+        """PostgreSQL: the lane shards this worker does not own, for the claim to leave to
+        their owners first (and unowned ones to the next rebalance); on the way, take or give
+        up shards so this worker owns its share (``SHARDS`` / workers, rounded up), at most
+        every ``REBALANCE_SECONDS``.
+
+        A worker that is not draining (``draining=False``: its breaker is open) gives up its
+        shards and is no longer counted. A worker that dies loses them with its connection.
+        Never raises: without the view, the claim simply prefers nothing.
+        """
+        if self._engine is None:
+            return ShardView()
+        with self._mutex:
+            if not draining:
+                if self._present or self._shards:
+                    self._give_up_shards()
+                return ShardView()
+            now = time.monotonic()
+            if now - self._shards_read >= REBALANCE_SECONDS:
+                self._shards_read = now
+                try:
+                    self._rebalance(now)
+                except Exception:
+                    log.exception("reading the lane shards failed; claiming without them")
+                    if self._conn is not None and self._conn.invalidated:
+                        self._drop_connection()
+                    self._skip, self._short_since = (), None
+            short = self._short_since is not None \
+                and now - self._short_since < SHORT_OF_SHARE_SECONDS
+            return ShardView(self._skip, not short)
+
+    def shards(self) -> set[int]:
+        """The shards this worker owns (PostgreSQL; for tests and tools)."""
+        with self._mutex:
+            return set(self._shards)
+
+    def _rebalance(self, now: float) -> None:
+        conn = self._connection()
+        if self._space is None:
+            schema = conn.execute(text("SELECT current_schema()")).scalar_one()
+            digest = hashlib.blake2b(f"billing-outbox shards\x1f{schema}".encode(),
+                                     digest_size=4).digest()
+            self._space = int.from_bytes(digest, "big") & 0x7FFFFFFF
+        space = self._space
+        if not self._present:
+            self._present = bool(conn.execute(text(
+                "SELECT pg_try_advisory_lock_shared(CAST(:space AS integer), "
+                "CAST(:key AS integer))"), {"space": space, "key": _PRESENCE}).scalar_one())
+        rows = conn.execute(_SHARD_LOCKS, {"space": space}).all()
+        workers = sum(1 for key, _ in rows if key == _PRESENCE)
+        mine = {key for key, own in rows if own and key < SHARDS}
+        taken = {key for key, own in rows if not own and key < SHARDS}
+        share = -(-SHARDS // max(1, workers))
+        if len(mine) > share:
+            extra = self._rng.sample(sorted(mine), len(mine) - share)
+            conn.execute(text("SELECT pg_advisory_unlock(CAST(:space AS integer), s) "
+                              "FROM unnest(CAST(:keys AS integer[])) s"),
+                         {"space": space, "keys": extra})
+            mine -= set(extra)
+        elif len(mine) < share:
+            free = [k for k in range(SHARDS) if k not in mine and k not in taken]
+            wanted = self._rng.sample(free, min(len(free), share - len(mine)))
+            if wanted:
+                got = set(conn.execute(text(
+                    "SELECT s FROM unnest(CAST(:keys AS integer[])) s "
+                    "WHERE pg_try_advisory_lock(CAST(:space AS integer), s)"),
+                    {"space": space, "keys": wanted}).scalars())
+                mine |= got  # the rest: another worker took them first
+        self._shards = mine
+        self._skip = tuple(k for k in range(SHARDS) if k not in mine)
+        if len(mine) >= share:
+            self._short_since = None
+        elif self._short_since is None:
+            self._short_since = now
+
+    def _give_up_shards(self) -> None:
+        try:
+            conn = self._connection()
+            if self._shards and self._space is not None:
+                conn.execute(text("SELECT pg_advisory_unlock(CAST(:space AS integer), s) "
+                                  "FROM unnest(CAST(:keys AS integer[])) s"),
+                             {"space": self._space, "keys": sorted(self._shards)})
+            if self._present and self._space is not None:
+                conn.execute(text("SELECT pg_advisory_unlock_shared(CAST(:space AS integer), "
+                                  "CAST(:key AS integer))"),
+                             {"space": self._space, "key": _PRESENCE})
+        except Exception:
+            log.exception("giving up the lane shards failed")
+            if self._conn is not None and self._conn.invalidated:
+                self._drop_connection()
+                return
+        self._present, self._shards, self._skip = False, set(), ()
+        self._short_since, self._shards_read = None, -REBALANCE_SECONDS
+
     def close(self) -> None:
         with self._mutex:
             self._held.clear()
+            self._forget_shards()
             if self._conn is not None:
+                # Closed, not returned to the pool: a pooled connection would keep this
+                # worker's session locks (lanes, shards, its presence) after it is gone.
+                self._conn.invalidate()
                 self._conn.close()
                 self._conn = None
             if self._fd is not None:
@@ -309,6 +460,7 @@ class LaneLocks:
     def _connection(self) -> Connection:
         if self._conn is None or self._conn.closed or self._conn.invalidated:
             assert self._engine is not None
+            self._forget_shards()  # held on the connection that is gone, if any
             self._conn = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
         return self._conn
 
@@ -335,7 +487,14 @@ class LaneLocks:
             log.exception("lane unlock failed; dropping the lock connection")
             self._drop_connection()
 
+    def _forget_shards(self) -> None:
+        """The connection is gone, and with it every lock it held."""
+        self._present, self._shards, self._skip = False, set(), ()
+        self._space, self._short_since = None, None
+        self._shards_read = -REBALANCE_SECONDS
+
     def _drop_connection(self) -> None:
+        self._forget_shards()
         if self._conn is not None:
             try:
                 self._conn.invalidate()
@@ -419,6 +578,12 @@ class Drainer:
         self.stopping = threading.Event()
         self._pool: ThreadPoolExecutor | None = None
         self._pass_lock = threading.Lock()
+        #: Whether this drainer takes a share of the lane shards (``LaneLocks.shard_view``):
+        #: yes for a long-lived one (the worker, the in-app scheduler); the ``drain`` command,
+        #: a one-off, claims the oldest due events as they come and leaves the split alone.
+        self.shards = True
+        self._busy_elsewhere: dict[Lane, float] = {}  # lane -> until when (monotonic)
+        self._busy_elsewhere_lock = threading.Lock()
         self._last_rescue = 0.0
         self._last_probe = 0.0
         self.probe_interval_seconds = 30.0
@@ -586,25 +751,47 @@ class Drainer:
             summary.paused, summary.pause_reason = True, pause.reason
             due = time.monotonic() - self._last_probe >= self.probe_interval_seconds
             if ahead or pause.kind != "systemic" or not due:
+                if self.shards:
+                    # Still counted, and holding a share, so that sending resumes without a
+                    # scramble for shards.
+                    self.lanes.shard_view()
                 return p
             self._last_probe = time.monotonic()
             limit, p.probing = 1, True
         allowed = self.breaker.allow_batch()
         if allowed == 0 or (ahead and allowed is not None):
             summary.skipped = "circuit breaker open"
+            if allowed == 0:
+                self.lanes.shard_view(draining=False)
             return p
         if allowed == 1:
             limit = 1
         assert limit is not None
         # Claimed ahead, while this process still holds the previous batch's lanes: those
         # are free again by the time this batch is sent.
-        avoid = () if ahead else self.lanes.busy()
+        avoid = self._lanes_busy_elsewhere()
+        if not ahead:
+            avoid |= self.lanes.busy()
+        # A batch comes from this worker's own shards first; a probe or a half-open breaker's
+        # single call takes any event.
+        skip, fill = self.lanes.shard_view() if limit > 1 and self.shards else ShardView()
         p.claim = store.claim_batch(self.engine, worker=self.worker, limit=limit,
                                     now=self.clock(),
                                     claim_timeout_seconds=self.settings.claim_timeout_seconds,
-                                    avoid_lanes=avoid)
+                                    avoid_lanes=avoid, skip_shards=skip, fill_from_skipped=fill)
         summary.claimed = len(p.claim.events)
         return p
+
+    def _lanes_busy_elsewhere(self) -> set[Lane]:
+        """Lanes another process held when this one last tried them, until they are due to be
+        tried again (``BUSY_ELSEWHERE_SECONDS``)."""
+        with self._busy_elsewhere_lock:
+            if not self._busy_elsewhere:
+                return set()
+            now = time.monotonic()
+            for lane in [lane for lane, until in self._busy_elsewhere.items() if until <= now]:
+                del self._busy_elsewhere[lane]
+            return set(self._busy_elsewhere)
 
     def _send(self, p: _Pass) -> None:
         """Phase 2: send the claim's events, one call at a time per lane, holding the lanes
@@ -616,6 +803,12 @@ class Drainer:
             by_lane.setdefault(ev.lane, []).append(ev)
         held = self.lanes.acquire(by_lane)
         p.busy_ids = [ev.id for lane, evs in by_lane.items() if lane not in held for ev in evs]
+        if p.busy_ids and self.lanes.sharded:
+            until = time.monotonic() + BUSY_ELSEWHERE_SECONDS
+            with self._busy_elsewhere_lock:
+                for lane in by_lane:
+                    if lane not in held:
+                        self._busy_elsewhere[lane] = until
         abort = threading.Event()
         try:
             lanes = [evs for lane, evs in by_lane.items() if lane in held]

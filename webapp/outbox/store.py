@@ -21,6 +21,7 @@ from sqlalchemy import (
     ColumnElement,
     Connection,
     Engine,
+    Integer,
     String,
     Table,
     Text,
@@ -145,10 +146,17 @@ _CLAIM_COLUMNS = (T.c.id, T.c.tenant_id, T.c.meter, T.c.quantity, T.c.idempotenc
                   T.c.key_generation, T.c.first_unknown_at)
 
 
+#: PostgreSQL: lanes fall into this many shards, by a hash the claim computes
+#: (``_LANE_SHARD``); draining workers split them (``drainer.LaneLocks``) and each claims
+#: from its own shards before it takes anything else.
+SHARDS = 64
+_LANE_SHARD = (f"(hashtextextended(COALESCE(o.stripe_customer_id, t.stripe_customer_id) "
+               f"|| chr(31) || o.meter, 0) & {SHARDS - 1})")
+
 # The claim on PostgreSQL, written out: the tenant's customer is looked up by a join in the
 # candidate scan (not a subquery per row), and the UPDATE finds the picked rows by primary key
 # from an array (an index lookup each, never a join that walks the table).
-_PG_CLAIM = text("""
+_PG_CLAIM_SQL = """
 WITH picked AS MATERIALIZED (
     SELECT o.id
     FROM stripe_usage_outbox AS o
@@ -158,6 +166,7 @@ WITH picked AS MATERIALIZED (
       AND (o.stripe_customer_id IS NOT NULL OR t.stripe_customer_id IS NOT NULL)
       AND NOT (COALESCE(o.stripe_customer_id, t.stripe_customer_id) || chr(31) || o.meter
                = ANY(:avoid))
+      {shards}
     ORDER BY o.next_attempt_at, o.id
     LIMIT :limit
     FOR UPDATE OF o SKIP LOCKED
@@ -173,18 +182,29 @@ WHERE o.id = ANY(ARRAY(SELECT id FROM picked))
 RETURNING o.id, o.tenant_id, o.meter, o.quantity, o.idempotency_key, o.occurred_at,
           o.stripe_customer_id, o.attempt_count, o.call_count, o.key_generation,
           o.first_unknown_at
-""").bindparams(bindparam("avoid", type_=postgresql.ARRAY(String)))
+"""
+_PG_CLAIM = text(_PG_CLAIM_SQL.format(shards="")).bindparams(
+    bindparam("avoid", type_=postgresql.ARRAY(String)))
+# The same, leaving out the lane shards this worker does not own.
+_PG_CLAIM_SKIPPING = text(_PG_CLAIM_SQL.format(
+    shards=f"AND NOT {_LANE_SHARD} = ANY(:skip_shards)")).bindparams(
+    bindparam("avoid", type_=postgresql.ARRAY(String)),
+    bindparam("skip_shards", type_=postgresql.ARRAY(Integer)))
 
 
 def claim_batch(engine: Engine, *, worker: str, limit: int, now: datetime,
-                claim_timeout_seconds: float, avoid_lanes: Iterable[tuple[str, str]] = ()
-                ) -> Claim:
+                claim_timeout_seconds: float, avoid_lanes: Iterable[tuple[str, str]] = (),
+                skip_shards: Sequence[int] = (), fill_from_skipped: bool = True) -> Claim:
     """Claim up to ``limit`` due events of mapped tenants in one statement, oldest due first.
 
     PostgreSQL: ``SELECT … FOR UPDATE SKIP LOCKED`` feeds ``UPDATE … RETURNING``, so
     concurrent claimers never wait on or see each other's rows. SQLite (no SKIP LOCKED):
     the same UPDATE, guarded by "still claimable", inside a write transaction, so a row is
     won by exactly one claimer. The customer is fixed on the row here, at its first claim.
+
+    ``skip_shards`` (PostgreSQL): the lane shards this worker does not own. Their events are
+    claimed only when its own do not fill the batch and ``fill_from_skipped``, by a second
+    statement in the same transaction.
     """
     token = new_token()
     deadline = now + timedelta(seconds=claim_timeout_seconds)
@@ -206,12 +226,20 @@ def claim_batch(engine: Engine, *, worker: str, limit: int, now: datetime,
                   first_attempt_at=func.coalesce(T.c.first_attempt_at, now))
     with engine.begin() as conn:
         if conn.dialect.name == "postgresql":
-            rows = conn.execute(_PG_CLAIM, dict(
+            params: dict[str, Any] = dict(
                 now=now, limit=limit, token=token, worker=worker, deadline=deadline,
-                avoid=[f"{c}\x1f{m}" for c, m in lanes])).all()
+                avoid=[f"{c}\x1f{m}" for c, m in lanes])
+            if skip_shards:
+                rows = list(conn.execute(_PG_CLAIM_SKIPPING,
+                                         dict(params, skip_shards=list(skip_shards))))
+                if fill_from_skipped and len(rows) < limit:
+                    params.update(limit=limit - len(rows))
+                    rows.extend(conn.execute(_PG_CLAIM, params))
+            else:
+                rows = list(conn.execute(_PG_CLAIM, params))
         else:
             stmt = sa_update(T).where(T.c.id.in_(candidates), CLAIMABLE_SQL)
-            rows = conn.execute(stmt.values(**values).returning(*_CLAIM_COLUMNS)).all()
+            rows = list(conn.execute(stmt.values(**values).returning(*_CLAIM_COLUMNS)))
     make = ClaimedEvent._make
     events = [make(row) for row in rows]
     events.sort(key=lambda e: e.id)
