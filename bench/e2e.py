@@ -21,6 +21,7 @@ call per event, that every row is ``sent``, and that the worker exits 0 on SIGTE
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import signal
@@ -30,6 +31,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import text
@@ -58,6 +60,10 @@ TENANTS = 200
 LATENCY = 0.05
 BATCH = 500
 CONCURRENCIES = (8, 32, 64)
+#: Several workers on one database: this many processes at ``FLEET_CONCURRENCY`` each, beside
+#: one process at the same setting in the same run (the lanes are split by shards).
+FLEET_PROCESSES = 2
+FLEET_CONCURRENCY = 32
 #: A setting whose ceiling (concurrency / latency) is below the floor drains only this share of
 #: the events: its rate is fixed by Little's law (8 / 0.05 s = 160/s) and 10,000 events would
 #: spend a fifth of the 15-minute budget to show the same figure.
@@ -144,13 +150,15 @@ NOOP_WORKER = [sys.executable, "-m", "bench.noop_worker"]    # the same, no-op g
 
 def drain_with_worker(url: str, fake: FakeStripeProcess | None, expected: list[str], *,
                       env: dict[str, str], label: str, command: list[str] = WORKER,
-                      attach: Callable[[int], Callable[[], None]] | None = None
-                      ) -> dict[str, Any]:
-    """Pause, start a worker, resume, wait until every event is sent, stop the worker.
-    Returns rate, CPU, peak RSS and the fake's counters; raises ``BenchFailure`` on any
-    broken guarantee. Without ``fake``, ``command`` is ``NOOP_WORKER`` and the identifiers
-    it was handed are checked instead of the fake's. ``attach(pid)`` (a profiler) is called
-    at the resume; the function it returns, once every event is sent."""
+                      attach: Callable[[int], Callable[[], None]] | None = None,
+                      processes: int = 1) -> dict[str, Any]:
+    """Pause, start ``processes`` workers, resume, wait until every event is sent, stop them.
+    Returns rate, CPU (all workers), peak RSS (the largest), events released (claimed, then
+    put back because another process held their lane) and the fake's counters; raises
+    ``BenchFailure`` on any broken guarantee. Without ``fake``, ``command`` is
+    ``NOOP_WORKER`` (one process) and the identifiers it was handed are checked instead of
+    the fake's. ``attach(pid)`` (a profiler) is called at the resume; the function it
+    returns, once every event is sent."""
     from webapp.db import make_engine
     from webapp.models import utcnow
     from webapp.outbox import ops
@@ -159,32 +167,39 @@ def drain_with_worker(url: str, fake: FakeStripeProcess | None, expected: list[s
     engine = make_engine(url)
     logs = RESULTS_DIR / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    log_path = logs / f"worker-{label}-{os.getpid()}-{int(time.time() * 1000)}.log"
+    stem = f"worker-{label}-{os.getpid()}-{int(time.time() * 1000)}"
+    log_paths = [logs / f"{stem}-{i}.log" for i in range(processes)]
+    log_path = log_paths[0]
     seen_path = log_path.with_suffix(".seen")
     env = dict(env, BENCH_SEEN_PATH=str(seen_path))
-    proc: subprocess.Popen[bytes] | None = None
+    procs: list[subprocess.Popen[bytes]] = []
     try:
         if fake is not None:
             fake.reset()
         ops.pause(engine, actor="bench", reason="bench: worker starting", now=utcnow())
-        with open(log_path, "wb") as out:
-            proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out,
-                                    stderr=subprocess.STDOUT)
-        wait_until(lambda: proc.poll() is not None or b"started" in log_path.read_bytes(),
-                   60, f"the worker to start (log: {log_path})")
-        if proc.poll() is not None:
-            raise BenchFailure(f"worker exited with {proc.returncode} at start; see {log_path}")
-        time.sleep(0.5)  # its first (paused) pass
+        for path in log_paths:
+            with open(path, "wb") as out:
+                procs.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=out,
+                                              stderr=subprocess.STDOUT))
+        for proc, path in zip(procs, log_paths, strict=True):
+            wait_until(lambda p=proc, lp=path: p.poll() is not None
+                       or b"started" in lp.read_bytes(), 60,
+                       f"the worker to start (log: {path})")
+            if proc.poll() is not None:
+                raise BenchFailure(f"worker exited with {proc.returncode} at start; see {path}")
+        time.sleep(0.5 if processes == 1 else 1.5)  # paused passes (several: a shard split)
+        proc = procs[0]
         detach = attach(proc.pid) if attach is not None else None
-        cpu0 = proc_cpu_seconds(proc.pid)
+        cpu0 = sum(proc_cpu_seconds(p.pid) for p in procs)
         fake_cpu0 = proc_cpu_seconds(fake.pid) if fake is not None else 0.0
         machine0 = machine_cpu_times()
         ops.resume(engine, actor="bench", now=utcnow())
 
         def progress() -> bool:
-            if proc.poll() is not None:
-                raise BenchFailure(f"worker exited with {proc.returncode} while draining; "
-                                   f"see {log_path}")
+            for p, lp in zip(procs, log_paths, strict=True):
+                if p.poll() is not None:
+                    raise BenchFailure(f"worker exited with {p.returncode} while draining; "
+                                       f"see {lp}")
             with engine.connect() as conn:
                 sent, bad = conn.execute(text(
                     "SELECT count(*) FILTER (WHERE status = 'sent'), "
@@ -195,31 +210,34 @@ def drain_with_worker(url: str, fake: FakeStripeProcess | None, expected: list[s
             return bool(sent == n)
 
         wait_until(progress, 60 + n / 20, f"{n} events sent by the worker", interval=0.1)
-        cpu1 = proc_cpu_seconds(proc.pid)
+        cpu1 = sum(proc_cpu_seconds(p.pid) for p in procs)
         fake_cpu1 = proc_cpu_seconds(fake.pid) if fake is not None else 0.0
         machine1 = machine_cpu_times()
         if detach is not None:
             detach()
-        hwm_kb = proc_status_kb(proc.pid, "VmHWM")
-        rss_kb = proc_status_kb(proc.pid, "VmRSS")
+        hwm_kb = max(proc_status_kb(p.pid, "VmHWM") for p in procs)
+        rss_kb = max(proc_status_kb(p.pid, "VmRSS") for p in procs)
         threads = proc_status_kb(proc.pid, "Threads")
-        proc.send_signal(signal.SIGTERM)
-        try:
-            code = proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            raise BenchFailure(f"{label}: the worker did not stop within 60 s of SIGTERM") \
-                from None
-        if code != 0:
-            raise BenchFailure(f"{label}: the worker exited {code} on SIGTERM; see {log_path}")
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p, lp in zip(procs, log_paths, strict=True):
+            try:
+                code = p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                raise BenchFailure(f"{label}: a worker did not stop within 60 s of SIGTERM") \
+                    from None
+            if code != 0:
+                raise BenchFailure(f"{label}: a worker exited {code} on SIGTERM; see {lp}")
         with engine.connect() as conn:
             first, last, attempts = conn.execute(text(
                 "SELECT min(first_attempt_at), max(sent_at), "
                 "(SELECT count(*) FROM stripe_usage_attempts) FROM stripe_usage_outbox")).one()
         state = fake.state() if fake is not None else None
     finally:
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
         engine.dispose()
     if state is None:
         handed = seen_path.read_text().split()
@@ -236,13 +254,25 @@ def drain_with_worker(url: str, fake: FakeStripeProcess | None, expected: list[s
             f"{state['duplicate_identifier_rejections']} duplicate-identifier answers for "
             f"{n} events: some event was handed over more than once")
     elapsed = (last - first).total_seconds()
-    log_path.unlink(missing_ok=True)  # kept only when something went wrong
+    released = sum(released_in_log(lp) for lp in log_paths)
+    for lp in log_paths:
+        lp.unlink(missing_ok=True)  # kept only when something went wrong
     return {"rate": n / elapsed, "elapsed": elapsed, "overlaps": sum(
         o["count"] for o in state["overlaps"]), "max_in_flight": state["max_in_flight"],
         "cpu_per_1000": (cpu1 - cpu0) / n * 1000, "cpu": cpu1 - cpu0,
         "fake_cpu_per_1000": (fake_cpu1 - fake_cpu0) / n * 1000,
         "machine_busy_pct": 100 * busy_fraction(machine0, machine1),
-        "hwm_mb": hwm_kb / 1024, "rss_mb": rss_kb / 1024, "threads": threads}
+        "hwm_mb": hwm_kb / 1024, "rss_mb": rss_kb / 1024, "threads": threads,
+        "released": released}
+
+
+def released_in_log(path: Path) -> int:
+    """The events a worker released, from its per-batch ``drained: {...}`` log lines."""
+    total = 0
+    for line in path.read_text(errors="replace").splitlines():
+        if "drained: {" in line:
+            total += int(ast.literal_eval(line.split("drained: ", 1)[1])["released"])
+    return total
 
 
 # -- the section -----------------------------------------------------------------------------------
@@ -252,7 +282,7 @@ class E2EResults(SectionResults):
 
 
 def run(db: BenchDatabase, *, events: int, runs: int, log: Any = print,
-        concurrencies: Sequence[int] = CONCURRENCIES) -> E2EResults:
+        concurrencies: Sequence[int] = CONCURRENCIES, fleet: bool = True) -> E2EResults:
     log(f"e2e: enqueueing {events:,} events with enqueue_usage ({TENANTS} tenants × "
         f"{len(METERS)} meters), committed; each run drains its own copy")
     template, keys = make_template(db, events, TENANTS, METERS)
@@ -260,7 +290,7 @@ def run(db: BenchDatabase, *, events: int, runs: int, log: Any = print,
     res = E2EResults(events=events, runs=runs)
     with fake_stripe(LATENCY) as fake:
         for i in range(runs):
-            r: dict[int, Any] = {}
+            r: dict[int | str, Any] = {}
             k = i % len(concurrencies)
             for c in list(concurrencies[k:]) + list(concurrencies[:k]):
                 n = _events_for(c, len(expected))
@@ -278,6 +308,22 @@ def run(db: BenchDatabase, *, events: int, runs: int, log: Any = print,
                 for key in ("rate", "overlaps", "cpu_per_1000", "hwm_mb", "max_in_flight",
                             "fake_cpu_per_1000", "machine_busy_pct"):
                     res.fig(f"{key}_{c}").add(r[c][key])
+            if fleet:
+                c = FLEET_CONCURRENCY
+                with db.outbox_schema("e2e", template) as url:
+                    env = worker_env(url, fake.base_url, OUTBOX_CONCURRENCY=str(c),
+                                     OUTBOX_BATCH_SIZE=str(BATCH),
+                                     STRIPE_MAX_REQUESTS_PER_SECOND=str(MAX_RPS))
+                    got = drain_with_worker(url, fake, expected, env=env, label="e2e-fleet",
+                                            processes=FLEET_PROCESSES)
+                log(f"e2e run {i + 1}/{runs}: {FLEET_PROCESSES} workers at concurrency {c}: "
+                    f"{got['rate']:,.0f} events/s, {got['overlaps']} overlaps, "
+                    f"{got['released']:,} released")
+                for key in ("rate", "overlaps", "released", "cpu_per_1000"):
+                    res.fig(f"fleet_{key}").add(got[key])
+                if c in r:
+                    res.fig("fleet_ratio").add(got["rate"] / r[c]["rate"])
+                r["fleet"] = got
             res.raw.append({str(c): v for c, v in r.items()})
     return res
 
@@ -308,6 +354,19 @@ def rows(res: E2EResults, concurrencies: Sequence[int] = CONCURRENCIES) -> list[
     best = max(concurrencies, key=lambda c: f(f"rate_{c}").median)
     overlaps = sum(f(f"overlaps_{c}").hi for c in concurrencies)
     ok = f(f"rate_{best}").median >= FLOOR_RATE and overlaps == 0
+    if res.fig("fleet_rate").values:
+        fc = FLEET_CONCURRENCY
+        out.append(Row(
+            s, f"{FLEET_PROCESSES} worker processes, OUTBOX_CONCURRENCY={fc} each "
+               f"({res.events:,} events, the same lanes and latency)",
+            f("fleet_rate").fmt(0, " ev/s"), "0 overlaps", verdict(f("fleet_overlaps").hi == 0),
+            f"lane overlaps {f('fleet_overlaps').fmt(0)}; events claimed then released "
+            f"because another process held their lane: {f('fleet_released').fmt(0)} per run; "
+            f"workers' CPU {f('fleet_cpu_per_1000').fmt(2, ' s')} per 1,000 events"))
+        if res.fig("fleet_ratio").values:
+            out.append(Row(s, f"ratio {FLEET_PROCESSES} workers / 1 worker at "
+                              f"OUTBOX_CONCURRENCY={fc} (same run)",
+                           f("fleet_ratio").fmt(2, "×"), "", ""))
     out.append(Row(s, f"per worker, best setting (OUTBOX_CONCURRENCY={best}); lane overlaps "
                       "summed over every run", f"{f(f'rate_{best}').median:,.0f} ev/s; "
                       f"{overlaps:.0f} overlaps", f"≥ {FLOOR_RATE} ev/s with 0 overlaps",
