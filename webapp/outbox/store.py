@@ -230,16 +230,16 @@ def claim_batch(engine: Engine, *, worker: str, limit: int, now: datetime,
                 now=now, limit=limit, token=token, worker=worker, deadline=deadline,
                 avoid=[f"{c}\x1f{m}" for c, m in lanes])
             if skip_shards:
-                rows = list(conn.execute(_PG_CLAIM_SKIPPING,
-                                         dict(params, skip_shards=list(skip_shards))))
+                rows = conn.execute(_PG_CLAIM_SKIPPING,
+                                    dict(params, skip_shards=list(skip_shards))).all()
                 if fill_from_skipped and len(rows) < limit:
                     params.update(limit=limit - len(rows))
-                    rows.extend(conn.execute(_PG_CLAIM, params))
+                    rows = [*rows, *conn.execute(_PG_CLAIM, params).all()]
             else:
-                rows = list(conn.execute(_PG_CLAIM, params))
+                rows = conn.execute(_PG_CLAIM, params).all()
         else:
             stmt = sa_update(T).where(T.c.id.in_(candidates), CLAIMABLE_SQL)
-            rows = list(conn.execute(stmt.values(**values).returning(*_CLAIM_COLUMNS)))
+            rows = conn.execute(stmt.values(**values).returning(*_CLAIM_COLUMNS)).all()
     make = ClaimedEvent._make
     events = [make(row) for row in rows]
     events.sort(key=lambda e: e.id)
