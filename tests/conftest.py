@@ -82,6 +82,14 @@ def pg_url() -> Iterator[str]:
 
 
 @pytest.fixture
+def pg(pg_url: str) -> Iterator[Engine]:
+    """An engine on ``pg_url``'s schema."""
+    eng = make_engine(pg_url)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
     url = f"sqlite:///{tmp_path / 'outbox.sqlite3'}"
     engine = make_engine(url)

@@ -21,7 +21,6 @@ from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
 from tests.conftest import make_settings, start_worker, wait_for, worker_env
-from webapp.db import make_engine
 from webapp.drainer import Drainer, LaneLocks
 from webapp.models import DeliveryAttempt, OutboxEvent, utcnow
 from webapp.outbox import enqueue_usage, ops
@@ -32,13 +31,6 @@ A = DeliveryAttempt.__table__
 CUSTOMERS = {"t1": "cus_one", "t2": "cus_two", "t3": "cus_three"}
 METERS = ("api_requests", "storage_gb")
 LANES = [(c, m) for c in CUSTOMERS.values() for m in METERS]
-
-
-@pytest.fixture
-def pg(pg_url: str) -> Iterator[Engine]:
-    eng = make_engine(pg_url)
-    yield eng
-    eng.dispose()
 
 
 @pytest.fixture

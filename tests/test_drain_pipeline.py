@@ -6,14 +6,12 @@ systemic answer. A real ``Drainer.run`` in a thread, against the fake over the r
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 
 import pytest
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
 from tests.conftest import make_settings, wait_for
-from webapp.db import make_engine
 from webapp.drainer import Drainer
 from webapp.models import DeliveryAttempt, OutboxEvent, utcnow
 from webapp.outbox import enqueue_usage, ops
@@ -26,13 +24,6 @@ T = OutboxEvent.__table__
 A = DeliveryAttempt.__table__
 BATCH = 5
 EVENTS = 40
-
-
-@pytest.fixture
-def pg(pg_url: str) -> Iterator[Engine]:
-    eng = make_engine(pg_url)
-    yield eng
-    eng.dispose()
 
 
 def start(pg: Engine, pg_url: str, fake: FakeStripe) -> tuple[Drainer, threading.Thread]:

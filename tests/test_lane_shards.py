@@ -32,13 +32,6 @@ METER = "api_requests"
 
 
 @pytest.fixture
-def pg(pg_url: str) -> Iterator[Engine]:
-    eng = make_engine(pg_url)
-    yield eng
-    eng.dispose()
-
-
-@pytest.fixture
 def no_throttle(monkeypatch: pytest.MonkeyPatch) -> None:
     """Rebalance at every call, so a test can step workers through it."""
     monkeypatch.setattr(drainer_module, "REBALANCE_SECONDS", 0.0)
