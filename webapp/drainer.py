@@ -10,6 +10,10 @@ Guarantees kept here, on top of the claim's:
   expired claim can never overlap a live call for the same event;
 - a Stripe outage costs a handful of calls (``CircuitBreaker``), not every event's budget;
 - a systemic failure (401/403/404) pauses sending for every worker and changes no event.
+
+Several workers on PostgreSQL split the lanes by shards (``LaneLocks.shard_view``) and each
+claims from its own first, so that they do not claim events of each other's lanes only to
+release them; a preference of the claim, not a guarantee (the lane locks are that).
 """
 
 from __future__ import annotations
@@ -226,6 +230,7 @@ class ShardView(NamedTuple):
     #: worker holds its share (its shards ran dry), no while it waits for its share.
     fill: bool = True
 
+
 _SHARD_LOCKS = text("""
 SELECT objid::bigint AS key, pid = pg_backend_pid() AS mine
 FROM pg_locks
@@ -265,7 +270,9 @@ class LaneLocks:
         self._fd: int | None = None
         self._fd_pid: int | None = None
         # Lane shards (PostgreSQL), all on ``_conn``: the advisory-lock space of this schema,
-        # whether this worker is counted as present, the shards it owns, those others own.
+        # whether this worker is counted as present, the shards it owns, the others (which
+        # its claims leave for last), since when it has been short of its share, when the
+        # shards were last read.
         self._space: int | None = None
         self._present = False
         self._shards: set[int] = set()
