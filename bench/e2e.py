@@ -139,7 +139,9 @@ def worker_env(url: str, api_base: str, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("OUTBOX_", "STRIPE_", "DATABASE_URL", "DRAINER_"))}
     env.update(DATABASE_URL=url, SECRET_KEY="bench-secret", STRIPE_API_KEY=TEST_API_KEY,
-               STRIPE_API_BASE=api_base, PYTHONUNBUFFERED="1")
+               STRIPE_API_BASE=api_base, PYTHONUNBUFFERED="1",
+               # the drained: lines, read back for the releases
+               LOG_LEVEL="INFO", LOG_FORMAT="text")
     env.update(extra)
     return env
 
@@ -187,7 +189,7 @@ def drain_with_worker(url: str, fake: FakeStripeProcess | None, expected: list[s
                        f"the worker to start (log: {path})")
             if proc.poll() is not None:
                 raise BenchFailure(f"worker exited with {proc.returncode} at start; see {path}")
-        time.sleep(0.5 if processes == 1 else 1.5)  # paused passes (several: a shard split)
+        time.sleep(0.5 if processes == 1 else 3.0)  # paused passes (several: a shard split)
         proc = procs[0]
         detach = attach(proc.pid) if attach is not None else None
         cpu0 = sum(proc_cpu_seconds(p.pid) for p in procs)

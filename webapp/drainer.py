@@ -211,6 +211,10 @@ SHARDS = store.SHARDS
 _PRESENCE = SHARDS  # the key every draining worker holds shared: how many workers there are
 #: How often a worker reads who owns which shard and takes or gives up its share.
 REBALANCE_SECONDS = 0.5
+#: A worker whose lock connection has run nothing for this long (its drain loop is stuck, or
+#: its host is cut off and the server has not noticed yet) is not counted, and the shards it
+#: still holds are claimed by the others as if they were theirs.
+STALE_OWNER_SECONDS = 60.0
 #: With shards, a lane found busy in another process is left out of this process's claims
 #: this long, so that a worker whose own shards ran dry does not claim and release the same
 #: events of another's lane pass after pass. (Without shards, that would leave every lane to
@@ -231,13 +235,30 @@ class ShardView(NamedTuple):
     fill: bool = True
 
 
+# Who holds which shard (and the presence key) in this schema's space, and whether the holder
+# is live: its lock connection ran something lately (or we may not see when: then it counts).
 _SHARD_LOCKS = text("""
-SELECT objid::bigint AS key, pid = pg_backend_pid() AS mine
-FROM pg_locks
-WHERE locktype = 'advisory' AND objsubid = 2 AND granted
-  AND classid = CAST(:space AS oid)
-  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+SELECT l.objid::bigint AS key, l.pid, l.pid = pg_backend_pid() AS mine,
+       a.query_start IS NULL
+       OR a.query_start > now() - make_interval(secs => :stale) AS live
+FROM pg_locks AS l
+LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted
+  AND l.classid = CAST(:space AS oid)
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
 """)
+# The server drops a lock connection whose peer stopped answering within about a minute, and
+# with it that worker's lanes and shards (the defaults would take over two hours).
+_KEEPALIVE = text("SELECT set_config('tcp_keepalives_idle', '30', false), "
+                  "set_config('tcp_keepalives_interval', '10', false), "
+                  "set_config('tcp_keepalives_count', '3', false)")
+
+
+def shard_space(schema: str) -> int:
+    """The first key of a schema's shard locks (two-int advisory locks): workers of different
+    schemas in one database never count each other."""
+    digest = hashlib.blake2b(f"billing-outbox shards\x1f{schema}".encode(), digest_size=4)
+    return int.from_bytes(digest.digest(), "big") & 0x7FFFFFFF
 
 
 def _sqlite_lock_path(engine: Engine | None) -> str | None:
@@ -355,20 +376,24 @@ class LaneLocks:
     def _rebalance(self, now: float) -> None:
         conn = self._connection()
         if self._space is None:
-            schema = conn.execute(text("SELECT current_schema()")).scalar_one()
-            digest = hashlib.blake2b(f"billing-outbox shards\x1f{schema}".encode(),
-                                     digest_size=4).digest()
-            self._space = int.from_bytes(digest, "big") & 0x7FFFFFFF
+            self._space = shard_space(conn.execute(text("SELECT current_schema()")).scalar_one())
         space = self._space
         if not self._present:
             self._present = bool(conn.execute(text(
                 "SELECT pg_try_advisory_lock_shared(CAST(:space AS integer), "
                 "CAST(:key AS integer))"), {"space": space, "key": _PRESENCE}).scalar_one())
-        rows = conn.execute(_SHARD_LOCKS, {"space": space}).all()
-        workers = sum(1 for key, _ in rows if key == _PRESENCE)
-        mine = {key for key, own in rows if own and key < SHARDS}
-        taken = {key for key, own in rows if not own and key < SHARDS}
-        share = -(-SHARDS // max(1, workers))
+        rows = conn.execute(_SHARD_LOCKS, {"space": space,
+                                           "stale": STALE_OWNER_SECONDS}).all()
+        # Live workers in pid order; the first SHARDS % n of them own one shard more.
+        workers = sorted(pid for key, pid, own, live in rows
+                         if key == _PRESENCE and (live or own))
+        me = next((pid for key, pid, own, _ in rows if own and key == _PRESENCE), None)
+        rank = workers.index(me) if me in workers else len(workers)
+        n = max(1, len(workers))
+        share = SHARDS // n + (1 if rank < SHARDS % n else 0)
+        mine = {key for key, _, own, _ in rows if own and key < SHARDS}
+        taken = {key for key, _, own, _ in rows if not own and key < SHARDS}
+        stale = {key for key, _, own, live in rows if not own and not live and key < SHARDS}
         if len(mine) > share:
             extra = self._rng.sample(sorted(mine), len(mine) - share)
             conn.execute(text("SELECT pg_advisory_unlock(CAST(:space AS integer), s) "
@@ -385,8 +410,12 @@ class LaneLocks:
                     {"space": space, "keys": wanted}).scalars())
                 mine |= got  # the rest: another worker took them first
         self._shards = mine
-        self._skip = tuple(k for k in range(SHARDS) if k not in mine)
-        if len(mine) >= share:
+        self._skip = tuple(k for k in range(SHARDS) if k not in mine and k not in stale)
+        if stale:
+            log.warning("lane shards %s are held by a worker that has not been heard from for "
+                        "%.0fs; claiming their events as this worker's own", sorted(stale),
+                        STALE_OWNER_SECONDS)
+        if len(mine) + len(stale) >= share:  # a silent owner's shards count as its own
             self._short_since = None
         elif self._short_since is None:
             self._short_since = now
@@ -398,17 +427,20 @@ class LaneLocks:
                 conn.execute(text("SELECT pg_advisory_unlock(CAST(:space AS integer), s) "
                                   "FROM unnest(CAST(:keys AS integer[])) s"),
                              {"space": self._space, "keys": sorted(self._shards)})
+                self._shards = set()
             if self._present and self._space is not None:
                 conn.execute(text("SELECT pg_advisory_unlock_shared(CAST(:space AS integer), "
                                   "CAST(:key AS integer))"),
                              {"space": self._space, "key": _PRESENCE})
+                self._present = False
         except Exception:
+            # What is still marked held is given up again next time, or goes with the
+            # connection.
             log.exception("giving up the lane shards failed")
             if self._conn is not None and self._conn.invalidated:
                 self._drop_connection()
-                return
-        self._present, self._shards, self._skip = False, set(), ()
-        self._short_since, self._shards_read = None, -REBALANCE_SECONDS
+            return
+        self._skip, self._short_since, self._shards_read = (), None, -REBALANCE_SECONDS
 
     def close(self) -> None:
         with self._mutex:
@@ -468,7 +500,9 @@ class LaneLocks:
         if self._conn is None or self._conn.closed or self._conn.invalidated:
             assert self._engine is not None
             self._forget_shards()  # held on the connection that is gone, if any
-            self._conn = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+            conn = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+            conn.execute(_KEEPALIVE)
+            self._conn = conn
         return self._conn
 
     def _pg_try(self, lanes: list[Lane]) -> set[Lane]:

@@ -230,8 +230,10 @@ def claim_batch(engine: Engine, *, worker: str, limit: int, now: datetime,
                 now=now, limit=limit, token=token, worker=worker, deadline=deadline,
                 avoid=[f"{c}\x1f{m}" for c, m in lanes])
             if skip_shards:
+                # Owning no shard at all, the first statement could only scan for nothing.
                 rows = conn.execute(_PG_CLAIM_SKIPPING,
-                                    dict(params, skip_shards=list(skip_shards))).all()
+                                    dict(params, skip_shards=list(skip_shards))).all() \
+                    if len(set(skip_shards)) < SHARDS else []
                 if fill_from_skipped and len(rows) < limit:
                     params.update(limit=limit - len(rows))
                     rows = [*rows, *conn.execute(_PG_CLAIM, params).all()]
