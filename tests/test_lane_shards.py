@@ -139,7 +139,7 @@ def test_nine_workers_each_get_a_share(pg: Engine, locks: list[LaneLocks],
 
 def test_a_silent_owners_shards_are_claimed_by_the_others(
         pg: Engine, locks: list[LaneLocks], no_throttle: None,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     a, b = worker(pg, locks), worker(pg, locks)
     step(a, b)
     assert len(a.shards()) == len(b.shards()) == SHARDS // 2
@@ -149,6 +149,9 @@ def test_a_silent_owners_shards_are_claimed_by_the_others(
     view = b.shard_view()
     assert len(b.shards()) == SHARDS // 2        # a still holds its locks...
     assert view.skip == () and view.fill        # ...but b claims their events as its own
+    b.shard_view()
+    said = [r for r in caplog.records if "has not been heard from" in r.getMessage()]
+    assert len(said) == 1  # once, not at every rebalance
 
 
 def test_the_lock_connection_asks_the_server_to_notice_a_silent_peer(

@@ -299,6 +299,7 @@ class LaneLocks:
         self._shards: set[int] = set()
         self._skip: tuple[int, ...] = ()
         self._short_since: float | None = None
+        self._stale_seen: set[int] = set()  # a silent owner's shards, as last logged
         self._shards_read = -REBALANCE_SECONDS
         self._rng = random.Random()  # noqa: S311 - spreading shards, not security
 
@@ -411,10 +412,11 @@ class LaneLocks:
                 mine |= got  # the rest: another worker took them first
         self._shards = mine
         self._skip = tuple(k for k in range(SHARDS) if k not in mine and k not in stale)
-        if stale:
+        if stale and stale != self._stale_seen:  # once per change, not every half second
             log.warning("lane shards %s are held by a worker that has not been heard from for "
                         "%.0fs; claiming their events as this worker's own", sorted(stale),
                         STALE_OWNER_SECONDS)
+        self._stale_seen = stale
         if len(mine) + len(stale) >= share:  # a silent owner's shards count as its own
             self._short_since = None
         elif self._short_since is None:

@@ -233,7 +233,7 @@ def claim_batch(engine: Engine, *, worker: str, limit: int, now: datetime,
                 # Owning no shard at all, the first statement could only scan for nothing.
                 rows = conn.execute(_PG_CLAIM_SKIPPING,
                                     dict(params, skip_shards=list(skip_shards))).all() \
-                    if len(set(skip_shards)) < SHARDS else []
+                    if len(skip_shards) < SHARDS else []
                 if fill_from_skipped and len(rows) < limit:
                     params.update(limit=limit - len(rows))
                     rows = [*rows, *conn.execute(_PG_CLAIM, params).all()]
