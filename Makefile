@@ -26,7 +26,8 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check webapp tests bench
-	$(BIN)/mypy webapp
+	$(BIN)/mypy --strict webapp
+	$(BIN)/lint-imports
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run $(BENCH_ARGS)

@@ -238,7 +238,7 @@ def customer_of(tenant: str) -> str:
 def map_tenants(engine: Any, tenants: Sequence[str]) -> None:
     """Map each tenant to a Stripe customer with the product's own operation."""
     from webapp.models import utcnow
-    from webapp.outbox.ops import set_tenant
+    from webapp.outbox.operations import set_tenant
 
     now = utcnow()
     for t in tenants:

@@ -26,8 +26,9 @@ filled by set-based SQL (``INSERT … SELECT … generate_series``: no Python lo
   creations (ids in time order, as the app writes them).
 - ``users``: an admin and 9 others (scrypt with small parameters, as the web tests do).
 
-Then ``ANALYZE`` and the first fold of the rollups, ``queries.refresh_rollups`` — what the
-first page view after deploying on such a table would pay; its time is reported — and an
+Then ``ANALYZE`` and the first fold of the rollups, ``webapp.outbox.rollups.fold`` — what the
+folder service's first run after deploying on such a table pays (page views never fold);
+its time is reported — and an
 ``ANALYZE`` of the rollup tables (autoanalyze would do it within a minute of the fold; this
 machine's cluster runs with ``autovacuum = off``, so nothing would: the table says which).
 
@@ -481,8 +482,10 @@ def routes(engine: Any, settings: Any) -> list[Route]:
     """Every page (whole and as its htmx fragment) and every GET endpoint, with parameters
     chosen to be the heavy cases: the largest tenant, a filter matching thousands of dead
     events, a text search matching a few (so it reads them all)."""
-    from webapp import queries
     from webapp.models import utcnow
+    from webapp.outbox.sql import as_utc
+    from webapp.read.dead_letters import DeadFilters, dead_letters
+    from webapp.read.paging import Cursor
 
     with engine.connect() as conn:
         big_tenant = conn.execute(text(
@@ -501,8 +504,7 @@ def routes(engine: Any, settings: Any) -> list[Route]:
             "SELECT stripe_customer_id FROM billing_tenants WHERE tenant_id = 'tenant-042'")
         ).scalar_one()
     window = settings.dedupe_window_seconds
-    page1 = queries.dead_letters(engine, queries.DeadFilters(), now=utcnow(),
-                                 window_seconds=window, limit=50)
+    page1 = dead_letters(engine, DeadFilters(), now=utcnow(), window_seconds=window, limit=50)
     assert page1.next is not None, "fewer than 51 dead events"
     with engine.connect() as conn:
         # Deep in the list: the cursor after 10,000 dead events (page 201 of 50), or as deep
@@ -513,7 +515,7 @@ def routes(engine: Any, settings: Any) -> list[Route]:
         at, ident = conn.execute(text(
             "SELECT dead_at, id FROM stripe_usage_outbox WHERE status = 'dead' "
             "ORDER BY dead_at DESC, id DESC OFFSET :k LIMIT 1"), {"k": skip - 1}).one()
-    deep = queries.Cursor(queries.as_utc(at), int(ident))  # type: ignore[arg-type]
+    deep = Cursor(as_utc(at), int(ident))  # type: ignore[arg-type]
     today = utcnow().date()
     span = f"from={(today - timedelta(days=DAYS - 1)).isoformat()}&to={today.isoformat()}"
     pages = [
@@ -573,9 +575,10 @@ def sample(client: Any, route: Route) -> tuple[float, int]:
 # -- the section ---------------------------------------------------------------------------------
 
 def run(db: BenchDatabase, *, events: int, runs: int, log: Any = print) -> DashboardResults:
-    from webapp import create_app, queries, services
+    from webapp import create_app, services_of
     from webapp.config import Settings
     from webapp.models import utcnow
+    from webapp.outbox import rollups
 
     res = DashboardResults(rows=events, runs=runs)
     res.samples = max(MIN_SAMPLES, 10 * runs)
@@ -585,14 +588,14 @@ def run(db: BenchDatabase, *, events: int, runs: int, log: Any = print) -> Dashb
         res.load_seconds = load(url, events, log)
         settings = Settings(database_url=url, stripe_api_key="sk_test_x")
         app = create_app({"TESTING": True}, settings=settings, start_drainer=False)
-        engine = services(app).engine
+        engine = services_of(app).engine
         with engine.connect() as conn:
             res.autovacuum = str(conn.execute(text("SHOW autovacuum")).scalar_one())
         t0 = time.perf_counter()
-        folded = queries.refresh_rollups(
-            engine, now=utcnow(), margin=queries.fold_margin(settings.claim_timeout_seconds))
+        folded = rollups.fold(
+            engine, now=utcnow(), margin=rollups.fold_margin(settings.claim_timeout_seconds))
         res.fold_seconds = time.perf_counter() - t0
-        assert folded, "the first refresh_rollups must fold"
+        assert folded, "the first fold must fold"
         log(f"dashboard: first fold of the rollups in {res.fold_seconds:.1f} s")
         # What autoanalyze does within a minute of the fold (this cluster may run without
         # autovacuum): the rollups' first statistics.
@@ -672,9 +675,10 @@ def rows(res: DashboardResults) -> list[Row]:
                f"{load_total:.0f} s", "", "",
                f"{statuses}; " + ", ".join(f"{k} {v:.1f} s"
                                             for k, v in res.load_seconds.items())),
-           Row(SECTION, "first fold of the rollups (`refresh_rollups` on the loaded table)",
+           Row(SECTION, "first fold of the rollups (`rollups.fold` on the loaded table)",
                f"{res.fold_seconds:.1f} s", "", "",
-               "paid once, by the first page view after deploying on such a table")]
+               "paid once, by the folder service's first run after deploying on such a "
+               "table (page views never fold)")]
     fresh_misses = []
     worst_fresh: tuple[float, str] = (0.0, "")
     for route in res.routes:

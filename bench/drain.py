@@ -126,7 +126,7 @@ def _ours_child(url: str, batch: int, ready: Any, go: Any, out: Any) -> None:
         from sqlalchemy import text
 
         from webapp.db import make_engine
-        from webapp.drainer import Drainer, freeze_startup_objects
+        from webapp.worker import Drainer, freeze_startup_objects
 
         tag = f"bench-ours-{os.getpid()}"
         engine = make_engine(url, connect_args={"application_name": tag})

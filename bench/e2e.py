@@ -1,12 +1,12 @@
 """End to end through the real SDK: one ``billing-outbox worker`` process (``python -m webapp
 worker``) sends to the project's fake Stripe, itself a separate process
-(``python -m webapp.testing.fake_stripe``) answering each call after a fixed latency.
+(``python -m tests.support.fake_stripe``) answering each call after a fixed latency.
 
 Per run: a fresh schema gets 200 tenants × 2 meters and 10,000 events (enqueued once by the
 real ``enqueue_usage`` and copied per run; a setting whose ceiling, concurrency / latency, is
 under the floor drains the first quarter: see ``SLOW_SHARE``); sending is paused
-(``ops.pause``, the CLI's ``pause``) while the worker starts, so start-up is neither timed nor
-charged; then sending is resumed and the worker drains.
+(``operations.pause``, the CLI's ``pause``) while the worker starts, so start-up is neither
+timed nor charged; then sending is resumed and the worker drains.
 
 * events/s = events / (last ``sent_at`` − first ``first_attempt_at``), both written by the
   worker: from its first claim to its last recorded outcome;
@@ -82,7 +82,7 @@ class FakeStripeProcess:
         self.base_url = ""
 
     def start(self) -> FakeStripeProcess:
-        args = [sys.executable, "-m", "webapp.testing.fake_stripe", "--port", "0",
+        args = [sys.executable, "-m", "tests.support.fake_stripe", "--port", "0",
                 "--latency", str(self.latency)]
         for m in self.meters:
             args += ["--meter", m]
@@ -163,7 +163,7 @@ def drain_with_worker(url: str, fake: FakeStripeProcess | None, expected: list[s
     returns, once every event is sent."""
     from webapp.db import make_engine
     from webapp.models import utcnow
-    from webapp.outbox import ops
+    from webapp.outbox import operations
 
     n = len(expected)
     engine = make_engine(url)
@@ -178,7 +178,7 @@ def drain_with_worker(url: str, fake: FakeStripeProcess | None, expected: list[s
     try:
         if fake is not None:
             fake.reset()
-        ops.pause(engine, actor="bench", reason="bench: worker starting", now=utcnow())
+        operations.pause(engine, actor="bench", reason="bench: worker starting", now=utcnow())
         for path in log_paths:
             with open(path, "wb") as out:
                 procs.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=out,
@@ -195,7 +195,7 @@ def drain_with_worker(url: str, fake: FakeStripeProcess | None, expected: list[s
         cpu0 = sum(proc_cpu_seconds(p.pid) for p in procs)
         fake_cpu0 = proc_cpu_seconds(fake.pid) if fake is not None else 0.0
         machine0 = machine_cpu_times()
-        ops.resume(engine, actor="bench", now=utcnow())
+        operations.resume(engine, actor="bench", now=utcnow())
 
         def progress() -> bool:
             for p, lp in zip(procs, log_paths, strict=True):

@@ -15,13 +15,13 @@ from pathlib import Path
 
 
 def main() -> int:
-    from webapp import create_app, services
-    from webapp.drainer import freeze_startup_objects
+    from webapp import create_app, services_of
+    from webapp.worker import freeze_startup_objects
 
     from .drain import NoopGateway
 
     app = create_app(start_drainer=False)
-    drainer = services(app).drainer()
+    drainer = services_of(app).drainer()
     gateway = NoopGateway()
     drainer.gateway = gateway
 

@@ -56,7 +56,7 @@ def profile_drain(db: BenchDatabase, events: int) -> None:
     from pyinstrument import Profiler
 
     from webapp.db import make_engine
-    from webapp.drainer import Drainer
+    from webapp.worker import Drainer
 
     from .drain import TENANTS, NoopGateway, drain_settings
 

@@ -124,8 +124,24 @@ def engine(db_url: str) -> Iterator[Engine]:
 
 
 @pytest.fixture
+def now() -> Any:
+    """The current time, once per test."""
+    from webapp.models import utcnow
+
+    return utcnow()
+
+
+@pytest.fixture
+def seed(engine: Engine) -> Any:
+    """Writes rows straight into the test's database (``support.seed.Seed``)."""
+    from support.seed import Seed
+
+    return Seed(engine)
+
+
+@pytest.fixture
 def fake_stripe() -> Iterator[Any]:
-    from webapp.testing.fake_stripe import FakeStripe
+    from support.fake_stripe import FakeStripe
 
     fake = FakeStripe().start()
     try:

@@ -1,5 +1,5 @@
 """``python -m webapp`` is ``billing-outbox``."""
 
-from .cli import main
+from .web.cli import main
 
 main()

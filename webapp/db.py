@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
+
+#: The execution option that marks a connection as a reader (see :func:`reading`).
+READ_ONLY = "billing_outbox_read_only"
 
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
@@ -13,7 +18,8 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
 
     SQLite: WAL journal, a busy timeout so concurrent writers wait instead of failing, and
     ``BEGIN IMMEDIATE`` for write transactions so a claim never upgrades a read lock (which
-    SQLite answers with "database is locked" at once).
+    SQLite answers with "database is locked" at once); readers (:func:`reading`) begin
+    deferred, so they never hold the write lock a drain pass waits on.
     """
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False},
@@ -39,8 +45,28 @@ def _tune_sqlite(engine: Engine) -> None:
         cur.close()
 
     @event.listens_for(engine, "begin")
-    def _on_begin(conn: Any) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+    def _on_begin(conn: Connection) -> None:
+        # A reader's snapshot needs no lock: in WAL mode it never blocks a writer.
+        deferred = conn.get_execution_options().get(READ_ONLY)
+        conn.exec_driver_sql("BEGIN" if deferred else "BEGIN IMMEDIATE")
+
+
+@contextmanager
+def reading(engine: Engine) -> Iterator[Connection]:
+    """A connection for reads only: one snapshot for everything read through it (so numbers
+    read by separate statements agree), and no lock a writer waits on.
+
+    PostgreSQL: ``REPEATABLE READ, READ ONLY`` (a write through it fails instead of
+    happening). SQLite: a deferred ``BEGIN`` (WAL readers never block the writer), instead of
+    the ``BEGIN IMMEDIATE`` that every other transaction takes.
+    """
+    with engine.connect() as conn:
+        if conn.dialect.name == "postgresql":
+            conn = conn.execution_options(isolation_level="REPEATABLE READ",
+                                          postgresql_readonly=True)
+        else:
+            conn = conn.execution_options(**{READ_ONLY: True})
+        yield conn
 
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:

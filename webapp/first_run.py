@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import os
 
-from . import create_app
-from .users import user_count
+from .app import create_app
+from .read.users import user_count
+from .services import services_of
 
 
 def main() -> None:
     app = create_app(start_drainer=False)
-    from . import services
-
-    svc = services(app)
+    svc = services_of(app)
     where = f"http://{os.environ.get('HOST', '127.0.0.1')}:{os.environ.get('PORT', '8000')}"
     lines = ["", f"billing-outbox is starting on {where}", ""]
     if user_count(svc.engine) == 0:

@@ -83,7 +83,7 @@ class Urllib3Client(stripe.HTTPClient):
                                     headers=dict(headers or {}), retries=False, redirect=False,
                                     assert_same_host=False)
         except urllib3.exceptions.HTTPError as exc:
-            raise stripe.APIConnectionError(
+            raise stripe.APIConnectionError(  # type: ignore[no-untyped-call]
                 "Unexpected error communicating with Stripe. "
                 f"(Network error: {type(exc).__name__}: {exc})", should_retry=True) from exc
         return resp.data, resp.status, resp.headers

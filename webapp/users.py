@@ -7,10 +7,11 @@ import hmac
 import re
 from datetime import datetime
 
-from sqlalchemy import Engine, func, insert, select, update
+from sqlalchemy import Engine, insert, select, update
 from sqlalchemy.orm import Session
 from werkzeug.security import check_password_hash, generate_password_hash
 
+from .audit import write_audit
 from .models import User
 
 ROLES = ("viewer", "operator", "admin")
@@ -36,7 +37,10 @@ def hash_password(password: str) -> str:
     return generate_password_hash(password, method="scrypt")
 
 
-def create_user(engine: Engine, email: str, password: str, role: str, *, now: datetime) -> int:
+def create_user(engine: Engine, email: str, password: str, role: str, *, now: datetime,
+                actor: str | None = None) -> int:
+    """Create an active user; its id. Audited when ``actor`` is given. Raises ``UserError``
+    for a bad email, role or password, or an email already in use."""
     email = email.strip().lower()
     if not EMAIL_RE.match(email):
         raise UserError(f"not an email address: {email!r}")
@@ -48,9 +52,13 @@ def create_user(engine: Engine, email: str, password: str, role: str, *, now: da
         exists = conn.execute(select(User.id).where(User.email == email)).first()
         if exists:
             raise UserError(f"a user {email} already exists")
-        return int(conn.execute(insert(User).values(
+        user_id = int(conn.execute(insert(User).values(
             email=email, password_hash=hash_password(password), role=role, active=True,
             created_at=now).returning(User.id)).scalar_one())
+        if actor is not None:
+            write_audit(conn, actor=actor, action="user_create", note=f"{email} as {role}",
+                        now=now)
+        return user_id
 
 
 def authenticate(engine: Engine, email: str, password: str) -> User | None:
@@ -65,14 +73,18 @@ def authenticate(engine: Engine, email: str, password: str) -> User | None:
     return user if ok and user.active else None
 
 
-def set_active(engine: Engine, user_id: int, active: bool) -> str:
+def set_active(engine: Engine, user_id: int, active: bool, *, now: datetime,
+               actor: str | None = None) -> str:
     """Activate or deactivate a user (their sessions end at their next request); returns the
-    email. Raises ``UserError`` for an unknown id."""
+    email. Audited when ``actor`` is given. Raises ``UserError`` for an unknown id."""
     with engine.begin() as conn:
         email = conn.execute(update(User).where(User.id == user_id).values(active=active)
                              .returning(User.email)).scalar()
-    if email is None:
-        raise UserError(f"no user with id {user_id}")
+        if email is None:
+            raise UserError(f"no user with id {user_id}")
+        if actor is not None:
+            write_audit(conn, actor=actor, action="user_activate" if active
+                        else "user_deactivate", note=str(email), now=now)
     return str(email)
 
 
@@ -80,11 +92,6 @@ def record_login(engine: Engine, user_id: int, *, now: datetime) -> None:
     """Remember when a user last signed in (shown on the users page)."""
     with engine.begin() as conn:
         conn.execute(update(User).where(User.id == user_id).values(last_login_at=now))
-
-
-def user_count(engine: Engine) -> int:
-    with engine.connect() as conn:
-        return int(conn.execute(select(func.count()).select_from(User)).scalar_one())
 
 
 def has_role(role: str | None, needed: str) -> bool:

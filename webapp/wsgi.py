@@ -1,5 +1,5 @@
 """The gunicorn entry point: ``gunicorn webapp.wsgi:app``."""
 
-from . import create_app
+from .app import create_app
 
 app = create_app()

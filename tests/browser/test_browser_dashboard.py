@@ -37,8 +37,8 @@ from sqlalchemy.orm import Session
 from webapp.db import make_engine
 from webapp.models import AuditEntry, OutboxEvent, utcnow
 from webapp.outbox import enqueue_usage
-from webapp.outbox.ops import resume, set_tenant
-from webapp.queries import sending_state
+from webapp.outbox.control import pause_state as sending_state
+from webapp.outbox.operations import resume, set_tenant
 from webapp.users import create_user
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.postgres]
@@ -128,7 +128,7 @@ def browser_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """A migrated PostgreSQL schema with tenants, users and events; sending paused; the fake
     Stripe; and ``billing-outbox serve --workers 1`` on a free port."""
     _need_browser()
-    from webapp.testing.fake_stripe import FakeStripe
+    from support.fake_stripe import FakeStripe
 
     db_gen = _pg_database()
     db_url = next(db_gen)

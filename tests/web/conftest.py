@@ -3,28 +3,21 @@ through the real log-in form, and a ``seed`` helper that writes outbox rows dire
 
 from __future__ import annotations
 
-import itertools
 import re
 from collections.abc import Callable
-from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
 from conftest import make_settings
 from flask import Flask
 from flask.testing import FlaskClient
-from sqlalchemy import Engine, func, insert, select
+from sqlalchemy import Engine
 from werkzeug.security import generate_password_hash
 
 import webapp.users
 from webapp import create_app
 from webapp.models import (
-    AuditEntry,
-    Control,
-    DeliveryAttempt,
     OutboxEvent,
-    Tenant,
-    User,
     utcnow,
 )
 from webapp.users import create_user
@@ -91,92 +84,4 @@ def client_as(app: Flask, users: dict[str, str]) -> Callable[[str | None], Flask
     return make
 
 
-class Seed:
-    """Writes outbox rows, attempts and tenants straight into the database."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        self._keys = itertools.count(1)
-
-    def event(self, **kw: Any) -> int:
-        now = kw.pop("now", None) or utcnow()
-        status = kw.get("status", "pending")
-        n = next(self._keys)
-        row: dict[str, Any] = dict(
-            tenant_id="acme", meter="api_requests", quantity=1,
-            idempotency_key=f"key-{n}-{status}", occurred_at=now, status=status,
-            attempt_count=0, call_count=0, next_attempt_at=now, key_generation=0,
-            created_at=now, updated_at=now)
-        if status == "sent":
-            row.update(sent_at=now, attempt_count=1, call_count=1, last_outcome="delivered",
-                       first_attempt_at=now)
-        if status in ("dead", "resolved"):
-            row.update(dead_at=now, dead_reason="No such customer", attempt_count=1,
-                       call_count=1, last_outcome="permanent",
-                       last_error_class="InvalidRequestError",
-                       last_error_code="resource_missing", last_http_status=400,
-                       last_error_message="No such customer: 'cus_x'", first_attempt_at=now)
-        if status == "resolved":
-            row.update(resolved_at=now, resolved_by="someone@example.com",
-                       resolve_reason="written_off", resolve_note="seeded")
-        if status == "retrying":
-            row.update(attempt_count=1, call_count=1, last_outcome="not_executed",
-                       last_http_status=429, last_error_code="rate_limit",
-                       next_attempt_at=now + timedelta(minutes=5), first_attempt_at=now)
-        row.update(kw)
-        with self.engine.begin() as conn:
-            return int(conn.execute(insert(T).values(**row).returning(T.c.id)).scalar_one())
-
-    def events(self, n: int, **kw: Any) -> list[int]:
-        return [self.event(**kw) for _ in range(n)]
-
-    def attempt(self, event_id: int, **kw: Any) -> None:
-        row: dict[str, Any] = dict(event_id=event_id, attempted_at=utcnow(), duration_ms=120,
-                                   worker="test:1", outcome="delivered", counted=True,
-                                   http_status=200, applied=True)
-        row.update(kw)
-        with self.engine.begin() as conn:
-            conn.execute(insert(DeliveryAttempt.__table__).values(**row))
-
-    def tenant(self, tenant_id: str, customer: str | None, name: str | None = None) -> None:
-        now = utcnow()
-        with self.engine.begin() as conn:
-            conn.execute(insert(Tenant.__table__).values(
-                tenant_id=tenant_id, name=name, stripe_customer_id=customer, created_at=now,
-                updated_at=now))
-
-    def get(self, event_id: int) -> Any:
-        with self.engine.connect() as conn:
-            return conn.execute(select(T).where(T.c.id == event_id)).one()
-
-    def statuses(self) -> dict[int, str]:
-        with self.engine.connect() as conn:
-            return dict(conn.execute(select(T.c.id, T.c.status)).all())  # type: ignore[arg-type]
-
-    def audit_count(self) -> int:
-        with self.engine.connect() as conn:
-            return int(conn.execute(select(func.count()).select_from(AuditEntry.__table__))
-                       .scalar_one())
-
-    def snapshot(self) -> tuple[Any, ...]:
-        """Everything a dashboard action could change, for "nothing changed" checks."""
-        with self.engine.connect() as conn:
-            events = conn.execute(select(T).order_by(T.c.id)).all()
-            tenants = conn.execute(select(Tenant.__table__)).all()
-            control = conn.execute(select(Control.__table__)).all()
-            users = conn.execute(select(User.__table__.c.email, User.__table__.c.active)).all()
-            audit = conn.execute(select(AuditEntry.__table__)).all()
-        return (events, tenants, control, users, audit)
-
-
-@pytest.fixture
-def seed(engine: Engine) -> Seed:
-    return Seed(engine)
-
-
-@pytest.fixture
-def now() -> datetime:
-    return utcnow()
-
-
-__all__ = ["PASSWORD", "ROLES", "Seed", "csrf_of", "login"]
+__all__ = ["PASSWORD", "ROLES", "csrf_of", "login"]

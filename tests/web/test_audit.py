@@ -7,21 +7,21 @@ import io
 import re
 from datetime import timedelta
 
-from webapp import queries
+from webapp.audit import write_audit
 from webapp.models import utcnow
-from webapp.outbox import ops
+from webapp.read import audit as reads
 
 
 def make_entries(engine, n_requeues: int = 3) -> None:
     now = utcnow()
     with engine.begin() as conn:
         for i in range(n_requeues):
-            ops.write_audit(conn, actor="ops@example.com", action="requeue", event_ids=[i + 1],
+            write_audit(conn, actor="ops@example.com", action="requeue", event_ids=[i + 1],
                             reason_code=None, note=f"batch {i}", now=now)
-        ops.write_audit(conn, actor="boss@example.com", action="resolve", event_ids=[1, 2, 3],
+        write_audit(conn, actor="boss@example.com", action="resolve", event_ids=[1, 2, 3],
                         reason_code="written_off", note="=cmd|' /C calc'!A0",
                         now=now - timedelta(days=3))
-        ops.write_audit(conn, actor="boss@example.com", action="pause", event_ids=[],
+        write_audit(conn, actor="boss@example.com", action="pause", event_ids=[],
                         reason_code=None, note=None, now=now)
 
 
@@ -58,7 +58,7 @@ def test_csv_parses_back_to_the_same_entries(client_as, engine) -> None:
     client = client_as("viewer")
     rows = list(csv.DictReader(io.StringIO(client.get("/audit.csv?actor=boss")
                                            .get_data(as_text=True))))
-    expected = queries.audit_log(engine, queries.AuditFilters(actor="boss")).rows
+    expected = reads.audit_log(engine, reads.AuditFilters(actor="boss")).rows
     assert [int(r["id"]) for r in rows] == sorted(e["id"] for e in expected)
     resolve = next(r for r in rows if r["action"] == "resolve")
     assert resolve["event_ids"] == "1,2,3" and resolve["event_count"] == "3"
@@ -71,5 +71,5 @@ def test_csv_parses_back_to_the_same_entries(client_as, engine) -> None:
 
 def test_audit_rows_are_read_in_batches(engine) -> None:
     make_entries(engine, n_requeues=7)
-    rows = list(queries.audit_rows(engine, queries.AuditFilters(), batch=3))
+    rows = list(reads.audit_rows(engine, reads.AuditFilters(), batch=3))
     assert [r["id"] for r in rows] == sorted(r["id"] for r in rows) and len(rows) == 9

@@ -118,7 +118,7 @@ def test_deactivated_user_is_signed_out_at_the_next_request(client_as, users, en
         from webapp.models import User
 
         uid = conn.execute(select(User.id).where(User.email == users["operator"])).scalar_one()
-    set_active(engine, uid, False)
+    set_active(engine, uid, False, now=utcnow())
     assert client.get("/").status_code == 302
     assert login(client_as(None), users["operator"]).status_code == 401
 

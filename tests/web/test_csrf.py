@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from webapp.outbox.store import pause_state
+from webapp.outbox.control import pause_state
 
 from .conftest import csrf_of
 from .test_roles import actions

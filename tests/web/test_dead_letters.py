@@ -9,9 +9,9 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select
 
-from webapp import queries
 from webapp.models import AuditEntry, utcnow
 from webapp.outbox.states import DEAD_PAST_WINDOW
+from webapp.read import dead_letters as reads
 
 from .conftest import csrf_of
 
@@ -74,11 +74,11 @@ def test_keyset_query_walks_every_row_once(engine, seed, now) -> None:
         ids += seed.events(2, status="dead", dead_at=base + timedelta(seconds=i // 3))
     expected = [r.id for r in sorted((seed.get(i) for i in ids),
                                      key=lambda r: (r.dead_at, r.id), reverse=True)]
-    f = queries.DeadFilters()
+    f = reads.DeadFilters()
     for size in range(1, 8):
         seen, cursor, pages = [], None, []
         while True:
-            page = queries.dead_letters(engine, f, now=now, window_seconds=3600, after=cursor,
+            page = reads.dead_letters(engine, f, now=now, window_seconds=3600, after=cursor,
                                         limit=size)
             pages.append(page)
             seen += [r["id"] for r in page.rows]
@@ -90,7 +90,7 @@ def test_keyset_query_walks_every_row_once(engine, seed, now) -> None:
         back, page = [], pages[-1]
         back = [r["id"] for r in page.rows]
         while page.prev is not None:
-            page = queries.dead_letters(engine, f, now=now, window_seconds=3600,
+            page = reads.dead_letters(engine, f, now=now, window_seconds=3600,
                                         before=page.prev, limit=size)
             back = [r["id"] for r in page.rows] + back
         assert back == expected, size
@@ -145,7 +145,7 @@ def test_grouping_by_error(client_as, seed) -> None:
     seed.events(2, status="dead", last_error_code="resource_missing", tenant_id="b")
     seed.event(status="dead", last_error_code=None, last_error_class="Timeout",
                last_http_status=None, dead_reason=DEAD_PAST_WINDOW)
-    groups = queries.dead_letter_groups(seed.engine, queries.DeadFilters(), now=utcnow())
+    groups = reads.dead_letter_groups(seed.engine, reads.DeadFilters(), now=utcnow())
     top = groups[0]
     assert (top.code, top.events, top.quantity, top.tenants) == ("resource_missing", 5, 8, 2)
     assert groups[1].kind == "unknown_past_window" and groups[1].events == 1
@@ -308,7 +308,7 @@ def test_requeue_all_refuses_a_tampered_or_foreign_snapshot(client_as, seed) -> 
 
 def test_preview_is_capped(engine, seed, now) -> None:
     ids = seed.events(5, status="dead")
-    p = queries.requeue_preview(engine, queries.DeadFilters(), now=now, window_seconds=3600,
+    p = reads.requeue_preview(engine, reads.DeadFilters(), now=now, window_seconds=3600,
                                 cap=3)
     assert p.capped and p.ok_ids == sorted(ids)[:3]
 
@@ -321,7 +321,7 @@ def test_search_text_is_literal_and_ignores_ascii_case(engine, seed, now) -> Non
     c = seed.event(status="dead", idempotency_key="order-7/usage")
 
     def found(q: str) -> set[int]:
-        page = queries.dead_letters(engine, queries.DeadFilters(q=q), now=now,
+        page = reads.dead_letters(engine, reads.DeadFilters(q=q), now=now,
                                     window_seconds=86400)
         return {r["id"] for r in page.rows}
 

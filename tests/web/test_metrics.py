@@ -6,8 +6,8 @@ import math
 import re
 from datetime import timedelta
 
-from webapp import queries
 from webapp.models import utcnow
+from webapp.outbox import rollups
 
 NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 SAMPLE = re.compile(rf"^({NAME})(\{{(.*)\}})? (\S+)( -?\d+)?$")
@@ -124,8 +124,8 @@ def test_counters_do_not_move_when_rows_are_folded(app, engine, seed, now) -> No
     seed_traffic(seed, now)
     before = parse(app.test_client().get("/metrics").get_data(as_text=True))
     # fold everything, including the rows that were "live" a moment ago
-    queries.refresh_rollups(engine, now=now + timedelta(hours=4),
-                            margin=queries.fold_margin(30))
+    rollups.fold(engine, now=now + timedelta(hours=4),
+                            margin=rollups.fold_margin(30))
     after = parse(app.test_client().get("/metrics").get_data(as_text=True))
     for name in ("billing_outbox_stripe_attempts_total",
                  "billing_outbox_stripe_request_duration_seconds", "billing_outbox_events"):
@@ -133,9 +133,9 @@ def test_counters_do_not_move_when_rows_are_folded(app, engine, seed, now) -> No
 
 
 def test_paused_flag(app, engine) -> None:
-    from webapp.outbox import ops
+    from webapp.outbox import operations
 
-    ops.pause(engine, actor="t", reason="x", now=utcnow())
+    operations.pause(engine, actor="t", reason="x", now=utcnow())
     fams = parse(app.test_client().get("/metrics").get_data(as_text=True))
     assert value(fams, "billing_outbox_paused") == 1
 

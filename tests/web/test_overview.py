@@ -9,9 +9,10 @@ from conftest import make_settings
 from flask import Flask
 from sqlalchemy import select
 
-from webapp import create_app, queries
+from webapp import create_app
 from webapp.models import AuditEntry, utcnow
-from webapp.outbox.store import pause_state
+from webapp.outbox.control import pause_state
+from webapp.read import counts, overview, retries
 
 from .conftest import csrf_of, login
 
@@ -47,7 +48,7 @@ def test_counts_and_alerts(client_as, seed, now) -> None:
     again = client.get("/").get_data(as_text=True)
     assert count_on(again, "sent") == 8
     with seed.engine.connect() as conn:
-        assert queries.status_counts(conn)["sent"] == 8
+        assert counts.status_counts(conn)["sent"] == 8
 
 
 def test_sent_per_minute_and_per_hour_buckets(engine, seed) -> None:
@@ -56,7 +57,7 @@ def test_sent_per_minute_and_per_hour_buckets(engine, seed) -> None:
     seed.events(3, status="sent", sent_at=now - timedelta(minutes=2))
     seed.events(1, status="sent", sent_at=now - timedelta(hours=5))
     seed.events(1, status="sent", sent_at=now - timedelta(hours=30))      # out of range
-    ov = queries.overview(engine, now=now)
+    ov = overview.overview(engine, now=now)
     assert len(ov.per_minute) == 60 and len(ov.per_hour) == 24
     assert ov.per_minute[-1].count == 2 and ov.per_minute[-3].count == 3
     assert ov.per_minute[-1].start == now.replace(second=0)
@@ -69,7 +70,7 @@ def test_failure_rate_from_attempts(engine, seed) -> None:
     for outcome in ("delivered", "delivered", "unknown", "not_executed"):
         seed.attempt(ev, outcome=outcome)
     seed.attempt(ev, outcome="permanent", attempted_at=utcnow() - timedelta(hours=3))
-    ov = queries.overview(engine, now=utcnow())
+    ov = overview.overview(engine, now=utcnow())
     assert (ov.attempts_hour.total, ov.attempts_hour.failed) == (4, 2)
     assert ov.attempts_hour.failure_rate == 0.5
     assert (ov.attempts_day.total, ov.attempts_day.failed) == (5, 3)
@@ -163,12 +164,12 @@ def test_retries_page(client_as, seed) -> None:
     seed.events(3, status="sent", attempt_count=1)
     seed.event(status="sent", attempt_count=2)
     client = client_as("viewer")
-    page = queries.retries(seed.engine, now=utcnow())
+    page = retries.retries(seed.engine, now=utcnow())
     retrying, dead, sent = page.histograms
     assert retrying.rows == {1: {"not_executed": 1, "unknown": 1}, 3: {"unknown": 1}}
     assert dead.rows == {12: {"unknown": 2}} and sent.rows == {1: {"delivered": 3},
                                                               2: {"delivered": 1}}
-    by_code = queries.retries(seed.engine, now=utcnow(), split="code")
+    by_code = retries.retries(seed.engine, now=utcnow(), split="code")
     assert by_code.histograms[0].rows[1] == {"rate_limit": 1, "502": 1}
     assert page.retrying_total == 3 and len(page.retrying) == 3
     html = client.get("/retries?split=code").get_data(as_text=True)

@@ -11,21 +11,23 @@ from datetime import UTC, date, datetime, timedelta
 import pytest
 from sqlalchemy import select
 
-from webapp import queries
 from webapp.models import AuditEntry, Tenant, utcnow
+from webapp.outbox import rollups
+from webapp.read import counts
+from webapp.read import tenants as reads
 
 from .conftest import csrf_of
 
 
 def period_of(now: datetime) -> tuple[date, date]:
-    return queries.month_start(now), now.date()
+    return reads.month_start(now), now.date()
 
 
 @pytest.fixture
 def usage_data(seed, now):
     """Events in this month (some old enough to be folded into the rollup), and some
     outside it. Returns the expected numbers per (tenant, meter, status)."""
-    start = datetime.combine(queries.month_start(now), datetime.min.time(), UTC)
+    start = datetime.combine(reads.month_start(now), datetime.min.time(), UTC)
     inside = max(start + timedelta(minutes=1), now - timedelta(hours=2))
     before = start - timedelta(minutes=1)
     seed.tenant("acme", "cus_acme", "Acme Inc")
@@ -53,32 +55,32 @@ def usage_data(seed, now):
     }
 
 
-def as_expected(usage: queries.Usage) -> dict:
+def as_expected(usage: reads.Usage) -> dict:
     out = {}
     for r in usage.rows:
         out[(r.tenant_id, r.meter)] = {s: (r.events[s], r.quantity[s])
-                                       for s in queries.USAGE_STATUSES if r.events[s]}
+                                       for s in reads.USAGE_STATUSES if r.events[s]}
     return out
 
 
 def test_usage_numbers_folded_and_live(engine, usage_data, now) -> None:
     start, end = period_of(now)
-    margin = queries.fold_margin(30)
-    before_fold = queries.tenant_usage(engine, start=start, end=end)
+    margin = rollups.fold_margin(30)
+    before_fold = reads.tenant_usage(engine, start=start, end=end)
     assert as_expected(before_fold) == usage_data
-    assert queries.refresh_rollups(engine, now=now, margin=margin) is True
-    assert queries.refresh_rollups(engine, now=now, margin=margin) is False   # fresh
-    after = queries.tenant_usage(engine, start=start, end=end)
+    assert rollups.fold(engine, now=now, margin=margin) is True
+    assert rollups.fold(engine, now=now, margin=margin) is False   # fresh
+    after = reads.tenant_usage(engine, start=start, end=end)
     assert as_expected(after) == usage_data
     # a later fold that swallows the live rows too changes no number
-    queries.refresh_rollups(engine, now=now + timedelta(hours=2), margin=margin)
-    assert as_expected(queries.tenant_usage(engine, start=start, end=end)) == usage_data
+    rollups.fold(engine, now=now + timedelta(hours=2), margin=margin)
+    assert as_expected(reads.tenant_usage(engine, start=start, end=end)) == usage_data
     with engine.connect() as conn:
-        assert queries.status_counts(conn)["sent"] == 11
+        assert counts.status_counts(conn)["sent"] == 11
     # rebuilding from scratch gives the same
-    queries.rebuild_rollups(engine, now=now, margin=margin)
-    assert as_expected(queries.tenant_usage(engine, start=start, end=end)) == usage_data
-    single = queries.tenant_usage(engine, start=start, end=end, tenant_id="globex")
+    rollups.rebuild(engine, now=now, margin=margin)
+    assert as_expected(reads.tenant_usage(engine, start=start, end=end)) == usage_data
+    single = reads.tenant_usage(engine, start=start, end=end, tenant_id="globex")
     assert [r.tenant_id for r in single.rows] == ["globex"]
 
 
@@ -89,11 +91,11 @@ def test_page_and_csv_show_the_same_numbers(client_as, engine, usage_data, now) 
     assert page.status_code == 200
     html = page.get_data(as_text=True)
     assert "cus_acme" in html and "not mapped" in html
-    usage = queries.tenant_usage(engine, start=start, end=end)
+    usage = reads.tenant_usage(engine, start=start, end=end)
     for r in usage.rows:
         row = re.search(rf'<tr data-tenant="{r.tenant_id}" data-meter="{r.meter}">(.*?)</tr>',
                         html, re.S).group(1)
-        for s in queries.USAGE_STATUSES:
+        for s in reads.USAGE_STATUSES:
             cell = re.search(rf'data-col="{s}_quantity">([^<]*)<', row).group(1)
             assert int(cell.replace(",", "")) == r.quantity[s]
     total = re.search(r'data-col="total_sent_quantity">([^<]*)<', html).group(1)
@@ -107,7 +109,7 @@ def test_page_and_csv_show_the_same_numbers(client_as, engine, usage_data, now) 
     assert set(by_key) == {(r.tenant_id, r.meter) for r in usage.rows}
     for r in usage.rows:
         got = by_key[(r.tenant_id, r.meter)]
-        for s in queries.USAGE_STATUSES:
+        for s in reads.USAGE_STATUSES:
             assert int(got[f"{s}_events"]) == r.events[s]
             assert int(got[f"{s}_quantity"]) == r.quantity[s]
     assert by_key[("acme", "api_requests")]["tenant_name"] == "Acme Inc"
@@ -116,11 +118,11 @@ def test_page_and_csv_show_the_same_numbers(client_as, engine, usage_data, now) 
 
 def test_other_periods(client_as, usage_data, now) -> None:
     client = client_as("viewer")
-    start = queries.month_start(now) - timedelta(days=5)
+    start = reads.month_start(now) - timedelta(days=5)
     resp = client.get(f"/tenants.csv?from={start.isoformat()}&to={start.isoformat()}")
     rows = list(csv.DictReader(io.StringIO(resp.get_data(as_text=True))))
     assert rows == [] or all(int(r["sent_events"]) == 0 for r in rows)
-    last_day = queries.month_start(now) - timedelta(days=1)
+    last_day = reads.month_start(now) - timedelta(days=1)
     rows = list(csv.DictReader(io.StringIO(client.get(
         f"/tenants.csv?from={last_day.isoformat()}&to={now.date().isoformat()}")
         .get_data(as_text=True))))
@@ -190,9 +192,9 @@ def test_bad_mapping_changes_nothing(client_as, seed) -> None:
 
 def test_usage_of_an_empty_database(engine) -> None:
     now = utcnow()
-    assert queries.tenant_usage(engine, start=now.date(), end=now.date()).rows == []
+    assert reads.tenant_usage(engine, start=now.date(), end=now.date()).rows == []
     with pytest.raises(ValueError):
-        queries.tenant_usage(engine, start=now.date(), end=now.date() - timedelta(days=1))
+        reads.tenant_usage(engine, start=now.date(), end=now.date() - timedelta(days=1))
 
 
 def test_tenant_page_merges_events_in_flight_into_the_keyset(client_as, seed, now) -> None:
@@ -244,7 +246,7 @@ def test_usage_table_escapes_what_the_database_holds(client_as, seed, now) -> No
     cells = row.group(3)
     assert "&lt;script&gt;alert(2)&lt;/script&gt;" in cells
     assert "<code>cus_&lt;b&gt;&#34;</code>" in cells
-    start = queries.month_start(now).isoformat()
+    start = reads.month_start(now).isoformat()
     href = re.search(r'<a href="([^"]*)">', cells).group(1)
     assert href == (f"/tenants/%3Cimg%20src%3Dx%20onerror%3D%22alert%281%29%22%3E%26"
                     f"?from={start}&amp;to={now.date().isoformat()}")

@@ -1,4 +1,7 @@
-"""The outbox core, free of Flask: enqueue, claim, record outcomes, rescue, and operations.
+"""The outbox core, free of Flask: the state machine (``states``), enqueue (``enqueue``),
+the claim statement and its release and rescue (``claims``), recording outcomes under the
+claim (``record``), the sending switch (``control``), the rollups (``rollups``), what people
+do (``operations``), and the SQL they share (``sql``). Only this package writes ``status``.
 
 The request path needs only ``enqueue_usage`` and its two errors.
 """

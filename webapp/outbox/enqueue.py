@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, cast
 
 from sqlalchemy import Table, bindparam, inspect, literal, select
@@ -12,11 +12,9 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, make_transient_to_detached
 
 from ..models import OutboxEvent, utcnow
-from .states import Status
+from .states import MAX_AGE, MAX_AHEAD, Status
 
 MAX_QUANTITY = 10**15 - 1          # Stripe: at most 15 significant digits
-MAX_AGE = timedelta(days=35)       # Stripe rejects timestamps older than this
-MAX_AHEAD = timedelta(minutes=5)   # … or further ahead than this
 
 
 class InvalidUsage(ValueError):

@@ -15,6 +15,9 @@ Statuses, and what moves an event out of each:
 ``dead``        a person must decide: permanent error, retries exhausted, or the outcome is
                 unknown past Stripe's dedupe window. requeue → pending; resolve → resolved.
 ``resolved``    a person closed it with a reason (billed manually, duplicate, …). Final.
+
+The same moves are :data:`EDGES`, as data: :func:`allowed` answers whether a move may start
+from a status, and a table test walks every edge. Only :mod:`webapp.outbox` writes ``status``.
 """
 
 from __future__ import annotations
@@ -24,6 +27,13 @@ import random
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
+
+#: Stripe refuses events whose timestamp is older than this …
+MAX_AGE = timedelta(days=35)
+#: … or further ahead than this.
+MAX_AHEAD = timedelta(minutes=5)
+#: A requeue refuses events this close to the 35-day limit: they would be rejected on arrival.
+REQUEUE_AGE_LIMIT = MAX_AGE - timedelta(minutes=10)
 
 
 class Status(StrEnum):
@@ -194,11 +204,90 @@ def idempotency_key(identifier: str, generation: int) -> str:
     return f"{identifier}:r{generation}:{digest}"
 
 
-def can_requeue(status: str) -> bool:
-    """Only dead events go back to the queue by hand."""
-    return status == Status.DEAD.value
+class Move(StrEnum):
+    """What moves an event from one status to another."""
+
+    CLAIM = "claim"          # a worker takes it (drainer)
+    SEND = "send"            # a call's outcome is recorded (drainer)
+    RELEASE = "release"      # claimed, not called: back untouched (drainer)
+    RESCUE = "rescue"        # its claim expired: back to the queue (rescuer)
+    REQUEUE = "requeue"      # a person sends it again
+    RESOLVE = "resolve"      # a person closes it with a reason
 
 
-def can_resolve(status: str) -> bool:
-    """Only dead events are closed by hand."""
-    return status == Status.DEAD.value
+@dataclass(frozen=True)
+class Edge:
+    source: str
+    move: Move
+    target: str
+
+
+_P, _R, _W = Status.PENDING.value, Status.PROCESSING.value, Status.RETRYING.value
+#: Every move an event can make. Nothing else may change ``status``.
+EDGES: tuple[Edge, ...] = (
+    Edge(_P, Move.CLAIM, _R),
+    Edge(_W, Move.CLAIM, _R),
+    Edge(_R, Move.SEND, Status.SENT.value),
+    Edge(_R, Move.SEND, _W),
+    Edge(_R, Move.SEND, Status.DEAD.value),
+    Edge(_R, Move.RELEASE, _P),
+    Edge(_R, Move.RELEASE, _W),
+    Edge(_R, Move.RESCUE, _P),
+    Edge(_R, Move.RESCUE, _W),
+    Edge(Status.DEAD.value, Move.REQUEUE, _P),
+    Edge(Status.DEAD.value, Move.RESOLVE, Status.RESOLVED.value),
+)
+
+
+def allowed(status: str, move: Move) -> bool:
+    """Whether ``move`` may start from ``status`` (see :data:`EDGES`)."""
+    return any(e.source == status and e.move is move for e in EDGES)
+
+
+def targets(status: str, move: Move) -> frozenset[str]:
+    """The statuses ``move`` can lead to from ``status`` (empty when not allowed)."""
+    return frozenset(e.target for e in EDGES if e.source == status and e.move is move)
+
+
+class RequeueCheck(StrEnum):
+    """What a requeue may do with one event: the one rule the CLI, the web pages and the
+    bulk preview all apply (through :func:`requeue_check`)."""
+
+    OK = "ok"              # sent again, same identifier
+    FORCE = "force"        # outcome unknown past Stripe's dedupe window: only when forced
+    TOO_OLD = "too_old"    # past Stripe's 35-day limit: Stripe would refuse it; resolve it
+    NOT_DEAD = "not_dead"  # only dead events are requeued
+
+
+#: Why a requeue refuses an event, in words a person acts on.
+REQUEUE_REFUSALS = {
+    RequeueCheck.NOT_DEAD: "only dead events can be requeued",
+    RequeueCheck.TOO_OLD: "occurred more than 35 days ago; Stripe would reject it (resolve it "
+                          "instead, e.g. billed manually)",
+    RequeueCheck.FORCE: "its outcome is unknown and older than Stripe's dedupe window; Stripe "
+                        "may already have it, so a resend could bill twice (check Stripe, "
+                        "then use --force)",
+}
+
+
+def requeue_check(*, status: str, occurred_at: datetime, dead_reason: str | None,
+                  first_unknown_at: datetime | None, now: datetime,
+                  window_seconds: float) -> RequeueCheck:
+    """Whether a requeue may send this event again, and how.
+
+    ``TOO_OLD`` wins over ``FORCE``: no force makes Stripe accept a timestamp over 35 days old.
+    """
+    if not allowed(status, Move.REQUEUE):
+        return RequeueCheck.NOT_DEAD
+    if occurred_at < now - REQUEUE_AGE_LIMIT:
+        return RequeueCheck.TOO_OLD
+    if dead_reason == DEAD_PAST_WINDOW or (
+            first_unknown_at is not None
+            and now - first_unknown_at >= timedelta(seconds=window_seconds)):
+        return RequeueCheck.FORCE
+    return RequeueCheck.OK
+
+
+def requeue_permitted(check: RequeueCheck, *, force: bool) -> bool:
+    """Whether a requeue (forced or not) goes ahead for an event of this check."""
+    return check is RequeueCheck.OK or (check is RequeueCheck.FORCE and force)

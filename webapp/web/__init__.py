@@ -1,8 +1,10 @@
 """The web layer: one blueprint per area, plus the cross-cutting pieces.
 
-``security`` (user, roles, CSRF, headers, error pages) and ``common`` (rendering a page or
-its htmx fragment, filters) are installed first; each blueprint is a thin view over one
-function of ``webapp.queries`` (reads) or ``webapp.outbox.ops`` (actions).
+``security`` (user, roles, CSRF, headers), ``templating`` (the templates' helpers) and
+``errors`` (the one place errors become pages, fragments or JSON) are installed first; each
+blueprint is a thin view over one function of ``webapp.read`` (reads) or
+``webapp.outbox.operations`` (actions). ``cli`` and ``scheduler`` sit here too: thin
+commands, and the in-app drainer's jobs.
 """
 
 from __future__ import annotations
@@ -14,19 +16,21 @@ def register_blueprints(app: Flask) -> None:
     from . import (
         audit,
         auth,
-        common,
         dashboard,
         dead_letters,
+        errors,
         events,
         health,
         metrics,
         security,
+        templating,
         tenants,
         users,
     )
 
     security.init_app(app)
-    common.init_app(app)
+    templating.init_app(app)
+    errors.init_app(app)
     for module in (health, metrics, auth, dashboard, tenants, dead_letters, events, audit,
                    users):
         app.register_blueprint(module.bp)

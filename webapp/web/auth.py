@@ -5,7 +5,8 @@ from __future__ import annotations
 from flask import Blueprint, redirect, request, session, url_for
 from flask.typing import ResponseReturnValue
 
-from ..users import authenticate, record_login, user_count
+from ..read.users import user_count
+from ..users import authenticate, record_login
 from .common import now, render, svc
 from .security import current_user, safe_next, sign_in
 

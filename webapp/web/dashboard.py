@@ -5,9 +5,10 @@ from __future__ import annotations
 from flask import Blueprint, flash, redirect, request, url_for
 from flask.typing import ResponseReturnValue
 
-from .. import queries
-from ..outbox import ops
-from .common import arg, margin, now, render, svc
+from ..outbox import operations
+from ..read import overview as overview_reads
+from ..read import retries as retries_reads
+from .common import arg, now, render, svc
 from .security import current_user, require_role, safe_next
 
 bp = Blueprint("dashboard", __name__)
@@ -18,8 +19,7 @@ bp = Blueprint("dashboard", __name__)
 def overview() -> ResponseReturnValue:
     """Counts, throughput, failure rate, the sending switch and what needs attention."""
     settings = svc().settings
-    data = queries.overview(svc().engine, now=now(), margin=margin(),
-                            stripe_mode=settings.stripe_mode)
+    data = overview_reads.overview(svc().engine, now=now(), stripe_mode=settings.stripe_mode)
     return render("dashboard/overview.html", ov=data, stripe_mode=settings.stripe_mode)
 
 
@@ -28,10 +28,10 @@ def overview() -> ResponseReturnValue:
 def retries() -> ResponseReturnValue:
     """Attempt-count histograms and the events waiting for their next attempt."""
     split = arg("split", "outcome")
-    if split not in queries.SPLITS:
+    if split not in retries_reads.SPLITS:
         split = "outcome"
-    data = queries.retries(svc().engine, now=now(), split=split)
-    return render("dashboard/retries.html", page=data, splits=queries.SPLITS,
+    data = retries_reads.retries(svc().engine, now=now(), split=split)
+    return render("dashboard/retries.html", page=data, splits=retries_reads.SPLITS,
                   max_attempts=svc().settings.max_attempts)
 
 
@@ -42,7 +42,7 @@ def pause() -> ResponseReturnValue:
     reason = request.form.get("reason", "").strip()[:500] or None
     user = current_user()
     assert user is not None
-    changed = ops.pause(svc().engine, actor=user.email, reason=reason, now=now())
+    changed = operations.pause(svc().engine, actor=user.email, reason=reason, now=now())
     flash("Sending paused for every worker." if changed else "Sending was already paused.",
           "ok")
     return redirect(_back(), code=303)
@@ -54,7 +54,7 @@ def resume() -> ResponseReturnValue:
     """Restart sending."""
     user = current_user()
     assert user is not None
-    changed = ops.resume(svc().engine, actor=user.email, now=now())
+    changed = operations.resume(svc().engine, actor=user.email, now=now())
     flash("Sending resumed." if changed else "Sending was already running.", "ok")
     return redirect(_back(), code=303)
 

@@ -2,7 +2,7 @@
 
 "Requeue all matching" is two steps. The preview snapshots the matching ids and signs them
 (itsdangerous, keyed by SECRET_KEY) into the form; the action requeues exactly those ids,
-never rows that died after the preview. ``ops.requeue`` is all or nothing, so a snapshot of
+never rows that died after the preview. ``operations.requeue`` is all or nothing, so a snapshot of
 which any event changed meanwhile is refused whole and the operator previews again.
 """
 
@@ -14,9 +14,11 @@ from flask import Blueprint, abort, current_app, flash, redirect, request, url_f
 from flask.typing import ResponseReturnValue
 from itsdangerous import BadSignature, URLSafeTimedSerializer
 
-from .. import queries
-from ..outbox import ops
+from ..outbox import operations
+from ..read import dead_letters as reads
+from ..read.paging import MAX_PAGE
 from .common import cursor_arg, form_ids, int_arg, now, render, svc
+from .errors import back_to
 from .security import current_user, require_role, safe_next
 
 bp = Blueprint("dead_letters", __name__)
@@ -24,10 +26,10 @@ bp = Blueprint("dead_letters", __name__)
 SNAPSHOT_MAX_AGE = 3600  # seconds a preview stays actionable
 
 
-def _filters(source: Any = None) -> queries.DeadFilters:
+def _filters(source: Any = None) -> reads.DeadFilters:
     src = request.args if source is None else source
     try:
-        return queries.DeadFilters(
+        return reads.DeadFilters(
             status=src.get("status", "dead") or "dead",
             tenant=src.get("tenant", "").strip(), meter=src.get("meter", "").strip(),
             code=src.get("code", "").strip(), error_class=src.get("error_class", "").strip(),
@@ -49,13 +51,13 @@ def _serializer() -> URLSafeTimedSerializer:
 def index() -> ResponseReturnValue:
     """Dead (or resolved) events, filtered, newest death first, keyset-paginated."""
     filters = _filters()
-    limit = int_arg("limit", 50, 1, queries.MAX_PAGE)
-    page = queries.dead_letters(svc().engine, filters, now=now(), window_seconds=_window(),
+    limit = int_arg("limit", 50, 1, MAX_PAGE)
+    page = reads.dead_letters(svc().engine, filters, now=now(), window_seconds=_window(),
                                 after=cursor_arg("after"), before=cursor_arg("before"),
                                 limit=limit)
     return render("dead_letters/index.html", page=page, f=filters, limit=limit,
-                  ages=queries.AGES, statuses=queries.DEAD_STATUSES,
-                  reasons=ops.RESOLVE_REASONS, here=request.full_path.rstrip("?"))
+                  ages=reads.AGES, statuses=reads.DEAD_STATUSES,
+                  reasons=operations.RESOLVE_REASONS, here=request.full_path.rstrip("?"))
 
 
 @bp.get("/dead-letters/groups")
@@ -63,8 +65,8 @@ def index() -> ResponseReturnValue:
 def groups() -> ResponseReturnValue:
     """The matching events grouped by error (loaded into the dead-letter page by htmx)."""
     filters = _filters()
-    data = queries.dead_letter_groups(svc().engine, filters, now=now())
-    return render("dead_letters/groups.html", groups=data, f=filters, kinds=queries.KINDS)
+    data = reads.dead_letter_groups(svc().engine, filters, now=now())
+    return render("dead_letters/groups.html", groups=data, f=filters, kinds=reads.KINDS)
 
 
 @bp.post("/dead-letters/requeue")
@@ -77,7 +79,7 @@ def requeue() -> ResponseReturnValue:
     if not ids:
         flash("Select at least one event.", "error")
         return redirect(back, code=303)
-    classes = queries.classify_for_requeue(svc().engine, ids, now=now(),
+    classes = reads.classify_for_requeue(svc().engine, ids, now=now(),
                                            window_seconds=_window())
     if classes["not_dead"] or classes["too_old"]:
         flash(_refusal(classes), "error")
@@ -95,15 +97,12 @@ def resolve() -> ResponseReturnValue:
     """Close the selected dead events with a reason code and a note (kept in history)."""
     ids = form_ids()
     back = _back()
+    back_to(back)
     user = current_user()
     assert user is not None
-    try:
-        result = ops.resolve(svc().engine, ids, actor=user.email,
-                             reason=request.form.get("reason", ""),
-                             note=request.form.get("note", "")[:2000], now=now())
-    except ops.OperationError as exc:
-        flash(f"Nothing changed: {exc}", "error")
-        return redirect(back, code=303)
+    result = operations.resolve(svc().engine, ids, actor=user.email,
+                                reason=request.form.get("reason", ""),
+                                note=request.form.get("note", "")[:2000], now=now())
     flash(f"Resolved {len(result.event_ids):,} event(s).", "ok")
     return redirect(back, code=303)
 
@@ -115,14 +114,14 @@ def requeue_all_preview() -> ResponseReturnValue:
     filters = _filters()
     if filters.status != "dead":
         abort(400, "only dead events can be requeued")
-    preview = queries.requeue_preview(svc().engine, filters, now=now(),
+    preview = reads.requeue_preview(svc().engine, filters, now=now(),
                                       window_seconds=_window())
     user = current_user()
     assert user is not None
     token = _serializer().dumps({"ok": preview.ok_ids, "force": preview.force_ids,
                                  "uid": user.id, "filters": filters.params()})
     return render("dead_letters/preview.html", p=preview, f=filters, token=token,
-                  max_bulk=queries.MAX_BULK)
+                  max_bulk=reads.MAX_BULK)
 
 
 @bp.post("/dead-letters/requeue-all")
@@ -157,16 +156,17 @@ def _do_requeue(ok: list[int], forced: list[int], back: str, *, note: str | None
     user = current_user()
     assert user is not None
     engine, window, done = svc().engine, _window(), 0
+    back_to(back)
     for ids, force in ((ok, False), (forced, True)):
         if not ids:
             continue
         try:
-            result = ops.requeue(engine, ids, actor=user.email, now=now(), force=force,
-                                 window_seconds=window, note=note)
-        except ops.OperationError as exc:
-            prefix = f"Requeued {done:,}; then nothing more changed" if done else \
-                "Nothing changed"
-            flash(f"{prefix}: {exc}", "error")
+            result = operations.requeue(engine, ids, actor=user.email, now=now(), force=force,
+                                        window_seconds=window, note=note)
+        except operations.OperationError as exc:
+            if not done:
+                raise  # nothing changed: the usual refusal
+            flash(f"Requeued {done:,}; then nothing more changed: {exc}", "error")
             return redirect(back, code=303)
         done += len(result.event_ids)
     flash(f"Requeued {done:,} event(s)" + (f", {len(forced):,} of them forced" if forced else "")

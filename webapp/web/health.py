@@ -5,6 +5,9 @@ from __future__ import annotations
 from flask import Blueprint, current_app, jsonify
 from flask.typing import ResponseReturnValue
 
+from ..migrate import is_current
+from ..services import services_of
+
 bp = Blueprint("health", __name__)
 
 
@@ -17,11 +20,8 @@ def healthz() -> ResponseReturnValue:
 @bp.get("/readyz")
 def readyz() -> ResponseReturnValue:
     """The database answers and its schema is at the newest revision."""
-    from .. import services
-    from ..migrate import is_current
-
     try:
-        current = is_current(services(current_app).engine)
+        current = is_current(services_of(current_app).engine)
     except Exception as exc:  # noqa: BLE001 - any failure means not ready
         current_app.logger.warning("readyz: database unreachable: %s", type(exc).__name__)
         return jsonify(status="unavailable", reason="database unreachable"), 503

@@ -2,7 +2,7 @@
 
 Unauthenticated, so it exposes aggregates only: no event, tenant, customer or key. Counters
 (`_total`, the latency histogram) come from the rollups plus the few rows past their
-watermark, so they only ever grow (see ``webapp.queries``).
+watermark, so they only ever grow (see ``webapp.outbox.rollups``).
 """
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from collections.abc import Iterator
 
 from flask import Blueprint, Response
 
-from .. import queries
-from .common import margin, now, svc
+from ..read.metrics import Metrics
+from ..read.metrics import metrics as read_metrics
+from .common import now, svc
 
 bp = Blueprint("metrics", __name__)
 
@@ -21,7 +22,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 @bp.get("/metrics")
 def metrics() -> Response:
-    m = queries.metrics(svc().engine, now=now(), margin=margin())
+    m = read_metrics(svc().engine, now=now())
     body = "".join(_lines(m, svc().settings.stripe_mode))
     return Response(body, content_type=CONTENT_TYPE)
 
@@ -32,7 +33,7 @@ def _fmt(value: float) -> str:
     return repr(float(value))
 
 
-def _lines(m: queries.Metrics, stripe_mode: str) -> Iterator[str]:
+def _lines(m: Metrics, stripe_mode: str) -> Iterator[str]:
     def family(name: str, kind: str, help_text: str) -> str:
         return f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n"
 

@@ -14,8 +14,9 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from flask import Flask, Response, abort, g, redirect, request, session, url_for
-from werkzeug.exceptions import HTTPException
 
+from ..read.users import signed_in_user
+from ..services import services_of
 from ..users import ROLES, has_role, same_token
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -42,7 +43,9 @@ class CurrentUser:
 
 
 def current_user() -> CurrentUser | None:
-    return g.get("user")
+    """The signed-in user of this request, if any."""
+    user = g.get("user")
+    return user if isinstance(user, CurrentUser) else None
 
 
 def csrf_token() -> str:
@@ -126,11 +129,7 @@ def init_app(app: Flask) -> None:
         uid = session.get("uid")
         if uid is None:
             return
-        from .. import services
-        from ..queries import user_by_id
-
-        with services(app).engine.connect() as conn:
-            row = user_by_id(conn, int(uid))
+        row = signed_in_user(services_of(app).engine, int(uid))
         if row is None or not row["active"]:
             session.clear()  # deactivated or deleted: the session ends now
             return
@@ -160,12 +159,3 @@ def init_app(app: Flask) -> None:
             # Billing data: never kept by a shared cache or the back button of a kiosk.
             h.setdefault("Cache-Control", "no-store")
         return resp
-
-    @app.errorhandler(HTTPException)
-    def http_error(exc: HTTPException) -> Any:
-        if request.endpoint in ("metrics.metrics", "health.healthz", "health.readyz"):
-            return exc
-        from .common import render
-
-        return render("errors/error.html", status=exc.code or 500, code=exc.code,
-                      title=exc.name, message=exc.description)

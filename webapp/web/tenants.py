@@ -8,9 +8,12 @@ from typing import Any
 from flask import Blueprint, abort, flash, redirect, request, url_for
 from flask.typing import ResponseReturnValue
 
-from .. import queries
-from ..outbox import ops
-from .common import csv_response, cursor_arg, date_arg, int_arg, margin, now, render, svc
+from ..outbox.operations import set_tenant
+from ..outbox.rollups import fold_margin
+from ..read import tenants as reads
+from ..read.paging import MAX_PAGE
+from .common import csv_response, cursor_arg, date_arg, int_arg, now, render, svc
+from .errors import back_to
 from .security import current_user, require_role
 
 bp = Blueprint("tenants", __name__)
@@ -18,13 +21,13 @@ bp = Blueprint("tenants", __name__)
 MAX_PERIOD = timedelta(days=400)
 
 CSV_HEADER = ["tenant_id", "tenant_name", "stripe_customer_id", "meter"] + [
-    f"{status}_{what}" for status in queries.USAGE_STATUSES for what in ("events", "quantity")]
+    f"{status}_{what}" for status in reads.USAGE_STATUSES for what in ("events", "quantity")]
 
 
 def _period() -> tuple[date, date]:
     """The ``from``/``to`` dates (inclusive, UTC); this month so far by default."""
     today = now().date()
-    start = date_arg("from", queries.month_start(now())) or today
+    start = date_arg("from", reads.month_start(now())) or today
     end = date_arg("to", today) or today
     if end < start:
         abort(400, "the period ends before it starts")
@@ -38,9 +41,10 @@ def _period() -> tuple[date, date]:
 def index() -> ResponseReturnValue:
     """Usage per tenant and meter for a period, and every tenant's mapping."""
     start, end = _period()
-    data = queries.tenants_page(svc().engine, start=start, end=end, now=now(), margin=margin())
+    data = reads.tenants_page(svc().engine, start=start, end=end, now=now(),
+                              margin=fold_margin(svc().settings.claim_timeout_seconds))
     return render("tenants/index.html", page=data, start=start, end=end,
-                  statuses=queries.USAGE_STATUSES, quick=_quick_periods())
+                  statuses=reads.USAGE_STATUSES, quick=_quick_periods())
 
 
 def _quick_periods() -> list[tuple[str, date, date]]:
@@ -56,7 +60,7 @@ def _quick_periods() -> list[tuple[str, date, date]]:
 @require_role("viewer")
 def mappings() -> ResponseReturnValue:
     """Every tenant and its Stripe customer, and those waiting for one."""
-    data = queries.mappings(svc().engine)
+    data = reads.mappings(svc().engine)
     return render("tenants/mappings.html", tenants=data.tenants, unmapped=data.unmapped)
 
 
@@ -65,12 +69,11 @@ def mappings() -> ResponseReturnValue:
 def export() -> ResponseReturnValue:
     """The same numbers as the tenants page, one row per tenant and meter."""
     start, end = _period()
-    queries.refresh_rollups(svc().engine, now=now(), margin=margin())
-    usage = queries.tenant_usage(svc().engine, start=start, end=end)
+    usage = reads.tenant_usage(svc().engine, start=start, end=end)
     rows: list[list[Any]] = []
     for r in usage.rows:
         cells: list[Any] = [r.tenant_id, r.name, r.stripe_customer_id, r.meter]
-        for status in queries.USAGE_STATUSES:
+        for status in reads.USAGE_STATUSES:
             cells += [r.events[status], r.quantity[status]]
         rows.append(cells)
     return csv_response(f"usage-{start.isoformat()}-{end.isoformat()}.csv", CSV_HEADER, rows)
@@ -83,12 +86,11 @@ def show(tenant_id: str) -> ResponseReturnValue:
     if len(tenant_id) > 100:
         abort(404)
     start, end = _period()
-    data = queries.tenant_detail(svc().engine, tenant_id, start=start, end=end,
-                                 after=cursor_arg("after"), before=cursor_arg("before"),
-                                 limit=int_arg("limit", 50, 1, queries.MAX_PAGE), now=now(),
-                                 margin=margin())
+    data = reads.tenant_detail(svc().engine, tenant_id, start=start, end=end,
+                               after=cursor_arg("after"), before=cursor_arg("before"),
+                               limit=int_arg("limit", 50, 1, MAX_PAGE))
     return render("tenants/show.html", t=data, start=start, end=end,
-                  statuses=queries.USAGE_STATUSES, limit=int_arg("limit", 50, 1, 500))
+                  statuses=reads.USAGE_STATUSES, limit=int_arg("limit", 50, 1, 500))
 
 
 @bp.post("/tenants/mapping")
@@ -105,15 +107,8 @@ def set_mapping() -> ResponseReturnValue:
     if not customer:
         flash("A Stripe customer id (cus_…) is required.", "error")
         return redirect(back, code=303)
-    engine = svc().engine
-    try:
-        ops.set_tenant(engine, tenant_id, stripe_customer_id=customer, name=name, now=now())
-    except ops.OperationError as exc:
-        flash(f"Nothing changed: {exc}", "error")
-        return redirect(back, code=303)
-    with engine.begin() as conn:
-        ops.write_audit(conn, actor=user.email, action="tenant_map", event_ids=[],
-                        reason_code=None, note=f"{tenant_id} -> {customer}"
-                        + (f" ({name})" if name else ""), now=now())
+    back_to(back)
+    set_tenant(svc().engine, tenant_id, stripe_customer_id=customer, name=name, now=now(),
+               actor=user.email)
     flash(f"{tenant_id} is now billed to {customer}.", "ok")
     return redirect(back, code=303)

@@ -5,10 +5,10 @@ from __future__ import annotations
 from flask import Blueprint, flash, redirect, request, url_for
 from flask.typing import ResponseReturnValue
 
-from .. import queries
-from ..outbox.ops import write_audit
-from ..users import MIN_PASSWORD, ROLES, UserError, create_user, set_active
+from ..read.users import users_list
+from ..users import MIN_PASSWORD, ROLES, create_user, set_active
 from .common import now, render, svc
+from .errors import back_to
 from .security import current_user, require_role
 
 bp = Blueprint("users", __name__)
@@ -17,7 +17,7 @@ bp = Blueprint("users", __name__)
 @bp.get("/users")
 @require_role("admin")
 def index() -> ResponseReturnValue:
-    return render("users/index.html", users=queries.users_list(svc().engine), roles=ROLES,
+    return render("users/index.html", users=users_list(svc().engine), roles=ROLES,
                   min_password=MIN_PASSWORD)
 
 
@@ -30,12 +30,9 @@ def create() -> ResponseReturnValue:
     role = request.form.get("role", "")
     admin = current_user()
     assert admin is not None
-    try:
-        create_user(svc().engine, email, request.form.get("password", ""), role, now=now())
-    except UserError as exc:
-        flash(f"Nothing changed: {exc}", "error")
-        return redirect(url_for("users.index"), code=303)
-    _audit("user_create", f"{email.lower()} as {role}")
+    back_to(url_for("users.index"))
+    create_user(svc().engine, email, request.form.get("password", ""), role, now=now(),
+                actor=admin.email)
     flash(f"Created {email.lower()} ({role}).", "ok")
     return redirect(url_for("users.index"), code=303)
 
@@ -59,19 +56,9 @@ def activate(user_id: int) -> ResponseReturnValue:
 
 
 def _set_active(user_id: int, active: bool) -> ResponseReturnValue:
-    try:
-        email = set_active(svc().engine, user_id, active)
-    except UserError as exc:
-        flash(f"Nothing changed: {exc}", "error")
-        return redirect(url_for("users.index"), code=303)
-    _audit("user_activate" if active else "user_deactivate", email)
-    flash(f"{email} {'reactivated' if active else 'deactivated'}.", "ok")
-    return redirect(url_for("users.index"), code=303)
-
-
-def _audit(action: str, note: str) -> None:
     admin = current_user()
     assert admin is not None
-    with svc().engine.begin() as conn:
-        write_audit(conn, actor=admin.email, action=action, event_ids=[], reason_code=None,
-                    note=note, now=now())
+    back_to(url_for("users.index"))
+    email = set_active(svc().engine, user_id, active, now=now(), actor=admin.email)
+    flash(f"{email} {'reactivated' if active else 'deactivated'}.", "ok")
+    return redirect(url_for("users.index"), code=303)

@@ -1,0 +1,337 @@
+"""``billing-outbox`` as an operator runs it: each command in a process of its own
+(``python -m webapp …``), on SQLite and PostgreSQL. Exit 0 on success; otherwise non-zero with
+one clear line on stderr.
+
+Setup that is not the subject of a test (mapping a tenant, enqueueing) goes through the Python
+API, so the suite spends its subprocesses on the commands under test.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import PG_URL, cli, pg_schema_url, require_postgres, worker_env
+from sqlalchemy import Engine, create_engine, func, select, text
+from sqlalchemy.orm import Session
+
+from webapp.db import make_engine
+from webapp.models import AuditEntry, OutboxEvent, User, utcnow
+from webapp.outbox import enqueue_usage
+from webapp.outbox.control import pause_state
+from webapp.outbox.operations import set_tenant
+
+T = OutboxEvent.__table__
+AUDIT = AuditEntry.__table__
+STATUSES = {"pending", "processing", "retrying", "sent", "dead", "resolved"}
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
+    assert result.returncode == 0, (result.returncode, result.stdout, result.stderr)
+    return result
+
+
+def one_line_error(result: subprocess.CompletedProcess[str], *needles: str,
+                   code: int | None = None) -> str:
+    """Assert a refusal: non-zero exit, exactly one line on stderr containing ``needles``."""
+    assert result.returncode != 0, (result.stdout, result.stderr)
+    if code is not None:
+        assert result.returncode == code, (result.returncode, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def as_json(result: subprocess.CompletedProcess[str]) -> Any:
+    ok(result)
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def eng(db_url: str) -> Iterator[Engine]:
+    e = make_engine(db_url)
+    yield e
+    e.dispose()
+
+
+@pytest.fixture
+def env(db_url: str, fake_stripe: Any) -> dict[str, str]:
+    return worker_env(db_url, fake_stripe.base_url)
+
+
+def status_of(engine: Engine, event_id: int) -> str:
+    with engine.connect() as conn:
+        return conn.execute(select(T.c.status).where(T.c.id == event_id)).scalar_one()
+
+
+def audit_rows(engine: Engine) -> list[Any]:
+    with engine.connect() as conn:
+        return conn.execute(select(AUDIT).order_by(AUDIT.c.id)).all()
+
+
+def add_event(engine: Engine, key: str, *, tenant: str = "acme", quantity: int = 3,
+              meter: str = "api_requests") -> int:
+    with Session(engine) as db, db.begin():
+        return enqueue_usage(db, tenant_id=tenant, quantity=quantity, idempotency_key=key,
+                             meter=meter).id
+
+
+def map_acme(engine: Engine) -> None:
+    set_tenant(engine, "acme", stripe_customer_id="cus_acme", name=None, now=utcnow())
+
+
+# -- db upgrade -----------------------------------------------------------------------------------
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def empty_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A database with no schema at all."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'fresh.sqlite3'}"
+        return
+    require_postgres()
+    schema = f"t_{secrets.token_hex(6)}"
+    admin = create_engine(PG_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    try:
+        yield pg_schema_url(schema)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
+def test_db_upgrade_twice(empty_db_url: str) -> None:
+    env = worker_env(empty_db_url)
+    first = ok(cli("db", "upgrade", env=env))
+    second = ok(cli("db", "upgrade", env=env))
+    assert "revision" in first.stdout
+    assert first.stdout.strip().splitlines()[-1] == second.stdout.strip().splitlines()[-1]
+    engine = make_engine(empty_db_url)
+    try:
+        with engine.connect() as conn:
+            assert conn.execute(select(func.count()).select_from(T)).scalar_one() == 0
+            assert conn.execute(text("SELECT count(*) FROM alembic_version")).scalar_one() == 1
+    finally:
+        engine.dispose()
+
+
+# -- tenants and enqueue --------------------------------------------------------------------------
+
+def test_tenants_set_and_list(env: dict[str, str], eng: Engine) -> None:
+    assert ok(cli("tenants", "set", "acme", "--stripe-customer", "cus_acme", "--name", "Acme",
+                  env=env)).stdout.strip() == "acme -> cus_acme"
+    ok(cli("tenants", "set", "beta", "--stripe-customer", "cus_beta", env=env))
+    listed = as_json(cli("tenants", "list", "--json", env=env))
+    assert listed == [
+        {"tenant_id": "acme", "name": "Acme", "stripe_customer_id": "cus_acme"},
+        {"tenant_id": "beta", "name": None, "stripe_customer_id": "cus_beta"},
+    ]
+    with eng.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM billing_tenants")).scalar_one() == 2
+
+
+def test_enqueue(env: dict[str, str], eng: Engine) -> None:
+    when = (utcnow() - timedelta(hours=1)).replace(microsecond=0)
+    first = as_json(cli("enqueue", "--tenant", "acme", "--quantity", "3", "--key", "k1",
+                        "--occurred-at", when.isoformat().replace("+00:00", "Z"), env=env))
+    assert isinstance(first["id"], int)
+    assert first["status"] == "pending" and first["key"] == "k1"
+    again = as_json(cli("enqueue", "--tenant", "acme", "--quantity", "3", "--key", "k1",
+                        env=env))
+    assert again["id"] == first["id"]
+    one_line_error(cli("enqueue", "--tenant", "acme", "--quantity", "4", "--key", "k1",
+                       env=env), "k1", "quantity", code=1)
+    with eng.connect() as conn:
+        rows = conn.execute(select(T.c.idempotency_key, T.c.quantity, T.c.meter,
+                                   T.c.occurred_at)).all()
+    assert [tuple(r) for r in rows] == [("k1", 3, "api_requests", when)]
+
+
+# -- stats and drain ------------------------------------------------------------------------------
+
+def test_stats_json_has_the_contracts_keys(env: dict[str, str], eng: Engine) -> None:
+    add_event(eng, "s1")
+    data = as_json(cli("stats", "--json", env=env))
+    # the contract's keys (it allows more after them: "…")
+    assert {"counts", "oldest_pending_age_seconds", "paused", "pause_reason"} <= set(data)
+    assert set(data["counts"]) == STATUSES
+    assert data["counts"] == {s: (1 if s == "pending" else 0) for s in STATUSES}
+    assert isinstance(data["oldest_pending_age_seconds"], int | float)
+    assert 0 <= data["oldest_pending_age_seconds"] < 60
+    assert data["paused"] is False and data["pause_reason"] is None
+
+
+def test_drain_once_sends_and_prints_a_summary(env: dict[str, str], eng: Engine,
+                                               fake_stripe: Any) -> None:
+    map_acme(eng)
+    ids = [add_event(eng, f"d{i}", quantity=i + 1) for i in range(3)]
+    summary = as_json(cli("drain", "--once", env=env))
+    assert summary["claimed"] == 3 and summary["sent"] == 3 and summary["calls"] == 3
+    assert summary["paused"] is False
+    assert fake_stripe.accept_count() == 3
+    accepted = fake_stripe.accepted()
+    assert {k: (v.customer, v.value) for k, v in accepted.items()} == {
+        "d0": ("cus_acme", "1"), "d1": ("cus_acme", "2"), "d2": ("cus_acme", "3")}
+    assert all(status_of(eng, i) == "sent" for i in ids)
+
+
+def test_drain_without_api_key_sends_nothing(db_url: str, eng: Engine,
+                                             fake_stripe: Any) -> None:
+    map_acme(eng)
+    event_id = add_event(eng, "nokey")
+    env = worker_env(db_url, fake_stripe.base_url)
+    del env["STRIPE_API_KEY"]
+    summary = as_json(cli("drain", "--once", env=env))
+    assert summary["sent"] == 0 and summary["claimed"] == 0
+    assert "STRIPE_API_KEY" in (summary["skipped"] or "")
+    assert fake_stripe.calls() == 0
+    assert status_of(eng, event_id) == "pending"
+
+
+# -- dead letters ---------------------------------------------------------------------------------
+
+def test_requeue_and_resolve_dead_events(env: dict[str, str], eng: Engine,
+                                         fake_stripe: Any) -> None:
+    map_acme(eng)
+    # Meters Stripe does not know: a permanent 400 for each, so both go dead.
+    to_requeue = add_event(eng, "dead-1", meter="meter_not_yet_created")
+    to_resolve = add_event(eng, "dead-2", meter="meter_never_created")
+    sent = add_event(eng, "fine")
+    summary = as_json(cli("drain", "--once", env=env))
+    assert summary["dead"] == 2 and summary["sent"] == 1
+    assert (status_of(eng, to_requeue), status_of(eng, to_resolve), status_of(eng, sent)) == (
+        "dead", "dead", "sent")
+
+    out = ok(cli("requeue", str(to_requeue), env=env))
+    assert "requeued 1" in out.stdout
+    assert status_of(eng, to_requeue) == "pending"
+    with eng.connect() as conn:
+        row = conn.execute(select(T.c.attempt_count, T.c.key_generation, T.c.dead_reason)
+                           .where(T.c.id == to_requeue)).one()
+    assert (row.attempt_count, row.key_generation, row.dead_reason) == (0, 1, None)
+    # once the meter exists, the requeued event goes through
+    fake_stripe.add_meter("meter_not_yet_created")
+    assert as_json(cli("drain", "--once", env=env))["sent"] == 1
+    assert status_of(eng, to_requeue) == "sent"
+
+    assert status_of(eng, to_resolve) == "dead"
+    ok(cli("resolve", str(to_resolve), "--reason", "billed_manually", "--note",
+           "invoiced by hand", env=env))
+    with eng.connect() as conn:
+        r = conn.execute(select(T).where(T.c.id == to_resolve)).one()
+    assert (r.status, r.resolve_reason, r.resolve_note) == (
+        "resolved", "billed_manually", "invoiced by hand")
+    assert r.resolved_by.startswith("cli:")
+
+    audits = audit_rows(eng)
+    assert [(a.action, a.event_ids, a.reason_code) for a in audits] == [
+        ("requeue", str(to_requeue), None),
+        ("resolve", str(to_resolve), "billed_manually")]
+    assert all(a.actor.startswith("cli:") for a in audits)
+    assert audits[1].note == "invoiced by hand"
+
+    # a sent event cannot be requeued, and nothing changes
+    one_line_error(cli("requeue", str(sent), env=env), str(sent), "sent", code=1)
+    assert status_of(eng, sent) == "sent"
+    assert len(audit_rows(eng)) == 2
+    assert fake_stripe.accept_count() == 2
+
+
+# -- pause and resume -----------------------------------------------------------------------------
+
+def test_pause_and_resume(env: dict[str, str], eng: Engine, fake_stripe: Any) -> None:
+    map_acme(eng)
+    event_id = add_event(eng, "p1")
+    ok(cli("pause", "--reason", "x", env=env))
+    stats = as_json(cli("stats", "--json", env=env))
+    assert stats["paused"] is True and stats["pause_reason"] == "x"
+    summary = as_json(cli("drain", "--once", env=env))
+    assert summary["paused"] is True and summary["sent"] == 0 and summary["claimed"] == 0
+    assert fake_stripe.calls() == 0
+    assert status_of(eng, event_id) == "pending"
+    ok(cli("resume", env=env))
+    with eng.connect() as conn:
+        assert pause_state(conn).paused is False
+    audits = audit_rows(eng)
+    assert [(a.action, a.note) for a in audits] == [("pause", "x"), ("resume", None)]
+    assert all(a.actor.startswith("cli:") for a in audits)
+
+
+# -- users ----------------------------------------------------------------------------------------
+
+def test_users_create(env: dict[str, str], eng: Engine) -> None:
+    password = "correct horse battery staple"
+    out = ok(cli("users", "create", "A@B.co", "--role", "admin", "--password-stdin", env=env,
+                 input=password + "\n"))
+    assert "a@b.co" in out.stdout
+    with eng.connect() as conn:
+        user = conn.execute(select(User.__table__)).one()
+    assert (user.email, user.role, user.active) == ("a@b.co", "admin", True)
+    assert password not in user.password_hash
+    from werkzeug.security import check_password_hash
+
+    assert check_password_hash(user.password_hash, password)
+    one_line_error(cli("users", "create", "a@b.co", "--role", "viewer", "--password-stdin",
+                       env=env, input=password + "\n"), "already exists", code=1)
+
+
+# -- configuration errors (the backend does not matter: nothing connects) -------------------------
+
+@pytest.mark.parametrize(("extra", "name"), [
+    ({"DATABASE_URL": "mysql://x"}, "DATABASE_URL"),
+    ({"OUTBOX_BATCH_SIZE": "abc"}, "OUTBOX_BATCH_SIZE"),
+    ({"STRIPE_TIMEOUT_SECONDS": "10", "OUTBOX_CLAIM_TIMEOUT_SECONDS": "20"},
+     "OUTBOX_CLAIM_TIMEOUT_SECONDS"),
+], ids=["database-url-scheme", "batch-size", "claim-timeout-too-short"])
+def test_bad_configuration_is_one_line_naming_the_variable(sqlite_url: str,
+                                                           extra: dict[str, str],
+                                                           name: str) -> None:
+    env = worker_env(sqlite_url, **extra)
+    line = one_line_error(cli("stats", "--json", env=env), name, code=2)
+    assert line.startswith("billing-outbox: ")
+
+
+# -- refusals that never reach the database (one backend is enough) -------------------------------
+
+@pytest.fixture
+def sqlite_env(sqlite_url: str) -> dict[str, str]:
+    return worker_env(sqlite_url)
+
+
+@pytest.mark.parametrize(("args", "needles", "code"), [
+    (("stats", "--json"), ("db upgrade",), 1),  # replaced below by an unmigrated database
+    (("enqueue", "--tenant", "acme", "--quantity", "abc", "--key", "k"), ("quantity",), None),
+    (("enqueue", "--tenant", "acme", "--quantity", "0", "--key", "k"), ("quantity",), 1),
+    (("enqueue", "--tenant", "acme", "--quantity", "1", "--key", "k",
+      "--occurred-at", "2026-01-01T00:00:00"), ("time zone",), None),
+    (("resolve", "1", "--reason", "billed_manually"), ("--note",), None),
+    (("resolve", "1", "--reason", "because", "--note", "x"), ("--reason",), None),
+    (("requeue", "999999"), ("no such event",), 1),
+    (("users", "create", "e@f.co", "--role", "root", "--password-stdin"), ("--role",), None),
+], ids=["schema-missing", "quantity-not-int", "quantity-zero", "naive-time",
+        "resolve-no-note", "resolve-bad-reason", "requeue-unknown-id", "bad-role"])
+def test_refusals_are_one_line(sqlite_env: dict[str, str], tmp_path: Path, args: tuple[str, ...],
+                               needles: tuple[str, ...], code: int | None) -> None:
+    env = sqlite_env
+    if args == ("stats", "--json"):
+        env = worker_env(f"sqlite:///{tmp_path / 'never-migrated.sqlite3'}")
+    result = cli(*args, env=env, input="a long enough password\n")
+    one_line_error(result, *needles, code=code)
+    if args[0] in ("enqueue", "resolve", "requeue", "tenants", "users") and env is sqlite_env:
+        engine = make_engine(env["DATABASE_URL"])
+        try:
+            with engine.connect() as conn:
+                for table in ("stripe_usage_outbox", "audit_log", "billing_tenants", "users"):
+                    assert conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one() == 0
+        finally:
+            engine.dispose()

@@ -1,0 +1,327 @@
+"""Issue 3, chaos: everything at once on PostgreSQL, against the fake with faults on.
+
+About 2,000 events are enqueued by two threads WHILE three real worker processes drain them;
+some transactions roll back after ``enqueue_usage`` (their keys must never reach Stripe), some
+enqueue a key again (alone, or racing the other thread for it). The fake answers with random
+5xx (applied or not), lost responses, 429s with Retry-After and 503s, and goes down twice for a
+moment. Workers are SIGKILLed at random and restarted. At the end every worker gets SIGTERM.
+
+What must hold: the fake's accepted set equals the committed set exactly, values included
+(customer, meter, value, timestamp), nothing is dead or stuck, and no two calls of one
+(customer, meter) lane were ever in flight at once.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from conftest import start_worker, wait_for, worker_env
+from sqlalchemy import Engine, func, select, text
+from sqlalchemy.orm import Session
+from support.fake_stripe import FakeStripe
+
+from webapp.db import make_engine
+from webapp.models import OutboxEvent, utcnow
+from webapp.outbox import enqueue_usage, operations
+
+pytestmark = [pytest.mark.slow, pytest.mark.postgres]
+
+T = OutboxEvent.__table__
+SEED = int(os.environ.get("CHAOS_SEED", "20260503"))
+TARGET = 2000
+ENQUEUE_SECONDS = 28.0
+KILLS_UNTIL = 24.0     # the last SIGKILLed claims come back 23 s later
+CUSTOMERS = [f"cus_chaos{i}" for i in range(5)]
+METERS = ("api_requests", "storage_gb")
+TIMEOUT = "3"          # STRIPE_TIMEOUT_SECONDS: calls never time out against the fake
+CLAIM_TIMEOUT = "23"   # the shortest claim config.validate accepts for that timeout, rounded up
+BASE = utcnow().replace(microsecond=0)
+
+
+@pytest.fixture
+def pg(pg_url: str) -> Iterator[Engine]:
+    eng = make_engine(pg_url, pool_size=5, max_overflow=5)
+    yield eng
+    eng.dispose()
+
+
+def _pid(worker: str | None) -> int | None:
+    """The process id in a worker's name (``host:pid:…``)."""
+    try:
+        return int((worker or "").split(":")[1])
+    except (IndexError, ValueError):
+        return None
+
+
+class Fleet:
+    """Three worker processes; kill and restart them at will."""
+
+    def __init__(self, env: dict[str, str], logs: Path) -> None:
+        self.env, self.logs = env, logs
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.retired: list[subprocess.Popen[bytes]] = []
+        self.started = 0
+        self.kills = 0
+        self.stranded = 0    # claims left behind by a SIGKILL
+        self._numbers: dict[int, int] = {}
+
+    def start(self) -> subprocess.Popen[bytes]:
+        self.started += 1
+        proc = start_worker(self.env, self.logs / f"worker{self.started}.log")
+        self._numbers[proc.pid] = self.started
+        return proc
+
+    def up(self, n: int) -> None:
+        self.procs = [self.start() for _ in range(n)]
+
+    def kill_one(self, rng: random.Random, engine: Engine) -> None:
+        """SIGKILL a worker, one caught holding claims if any does within half a second, and
+        start another. Counts the claims the kill stranded (still ``processing`` under the
+        dead worker's name): only the rescuer can bring those back."""
+        deadline = time.monotonic() + 0.5
+        while True:
+            holding = self._holding(engine)
+            if holding or time.monotonic() >= deadline:
+                break
+            time.sleep(0.01)
+        i = rng.choice(sorted(holding)) if holding else rng.randrange(len(self.procs))
+        victim = self.procs[i]
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(timeout=10)
+        self.kills += 1
+        self.stranded += sum(1 for h in self._claimers(engine) if _pid(h) == victim.pid)
+        self.retired.append(victim)
+        self.procs[i] = self.start()
+
+    @staticmethod
+    def _claimers(engine: Engine) -> list[str]:
+        with engine.connect() as conn:
+            return list(conn.execute(select(T.c.claimed_by).where(T.c.status == "processing"))
+                        .scalars())
+
+    def _holding(self, engine: Engine) -> set[int]:
+        pids = {_pid(h) for h in self._claimers(engine)}
+        return {i for i, p in enumerate(self.procs) if p.pid in pids}
+
+    def terminate_all(self, timeout: float) -> list[int | None]:
+        for p in self.procs:
+            p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        codes = []
+        for p in self.procs:
+            try:
+                codes.append(p.wait(timeout=max(0.1, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                codes.append(None)
+        return codes
+
+    def diagnose(self, engine: Engine) -> str:
+        """What a failure needs: counts, stuck rows, the workers' state and log tails."""
+        with engine.connect() as conn:
+            counts = dict(conn.execute(select(T.c.status, func.count())
+                                       .group_by(T.c.status)).all())
+            stuck = conn.execute(select(
+                T.c.id, T.c.status, T.c.attempt_count, T.c.call_count, T.c.last_outcome,
+                T.c.next_attempt_at, T.c.processing_deadline_at, T.c.claimed_by,
+                T.c.dead_reason).where(T.c.status != "sent").limit(10)).all()
+            control = conn.execute(text("SELECT * FROM outbox_control")).all()
+        lines = [f"at {utcnow()}: counts {counts}; control {control}", f"stuck {stuck}"]
+        for p in self.procs:
+            log = Path(self.logs / f"worker{self._numbers[p.pid]}.log")
+            tail = log.read_text().splitlines()[-15:] if log.exists() else []
+            lines.append(f"pid {p.pid} exit {p.poll()}:\n  " + "\n  ".join(tail))
+        return "\n".join(lines)
+
+    def cleanup(self) -> None:
+        for p in self.procs + self.retired:
+            if p.poll() is None:
+                p.kill()
+            p.wait(timeout=10)
+
+
+class Enqueuer(threading.Thread):
+    """Enqueues in small transactions; records what committed and what rolled back."""
+
+    def __init__(self, name: str, engine: Engine, rng: random.Random, quota: int,
+                 shared: list[tuple[str, int, int, int]], stop: threading.Event) -> None:
+        super().__init__(name=name, daemon=True)
+        self.engine, self.rng, self.quota, self.shared, self.stop = (
+            engine, rng, quota, shared, stop)
+        self.committed: dict[str, tuple[str, str, int, int]] = {}
+        self.rolled_back: set[str] = set()
+        self.items: dict[str, tuple[str, int, int, int]] = {}
+        self.duplicates = 0
+        self.error: BaseException | None = None
+        self._n = 0
+
+    def _fresh(self) -> tuple[str, int, int, int]:
+        self._n += 1
+        return (f"{self.name}-{self._n}", self.rng.randrange(len(CUSTOMERS) * len(METERS)),
+                self.rng.randint(1, 10**9), self.rng.randint(60, 2 * 86400))
+
+    def _enqueue(self, db: Session, item: tuple[str, int, int, int]) -> tuple[str, str, int, int]:
+        key, lane, quantity, age = item
+        tenant, meter = f"tenant{lane // len(METERS)}", METERS[lane % len(METERS)]
+        at = BASE - timedelta(seconds=age)  # fixed per item: a duplicate matches exactly
+        enqueue_usage(db, tenant_id=tenant, quantity=quantity, idempotency_key=key,
+                      meter=meter, occurred_at=at)
+        return (CUSTOMERS[lane // len(METERS)], meter, quantity, int(at.timestamp()))
+
+    def run(self) -> None:
+        try:
+            started = time.monotonic()
+            while len(self.committed) < self.quota and not self.stop.is_set():
+                # Pace the quota over ENQUEUE_SECONDS, so the enqueues overlap the whole drain.
+                due = started + ENQUEUE_SECONDS * len(self.committed) / self.quota
+                wait = due - time.monotonic()
+                if wait > 0:
+                    time.sleep(min(0.05, wait))
+                    continue
+                roll = self.rng.random()
+                if roll < 0.12:
+                    self._rollback_tx()
+                else:
+                    self._commit_tx(with_duplicate=roll < 0.3)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            self.error = exc
+
+    def _rollback_tx(self) -> None:
+        items = [self._fresh() for _ in range(self.rng.randint(1, 4))]
+        db = Session(self.engine)
+        try:
+            db.begin()
+            for item in items:
+                self._enqueue(db, item)
+            db.flush()
+            time.sleep(self.rng.uniform(0.0, 0.05))  # visible to nobody, for a while
+            db.rollback()
+        finally:
+            db.close()
+        self.rolled_back |= {item[0] for item in items}
+
+    def _commit_tx(self, *, with_duplicate: bool) -> None:
+        items = [self._fresh() for _ in range(self.rng.randint(1, 6))]
+        if with_duplicate:
+            # The same key again in a later transaction: one of ours, or a shared key that the
+            # other thread enqueues too (the two may race).
+            if self.committed and self.rng.random() < 0.5:
+                key = self.rng.choice(sorted(self.committed))
+                items.append(self.items[key])
+            else:
+                items.append(self.rng.choice(self.shared))
+            self.duplicates += 1
+        done: dict[str, tuple[str, str, int, int]] = {}
+        with Session(self.engine) as db, db.begin():
+            for item in items:
+                done[item[0]] = self._enqueue(db, item)
+        self.items.update((item[0], item) for item in items)
+        self.committed.update(done)
+
+
+def test_chaos(pg_url: str, pg: Engine, fake_stripe: FakeStripe, tmp_path: Path) -> None:
+    rng = random.Random(SEED)
+    for meter in METERS:
+        fake_stripe.add_meter(meter)
+    fake_stripe.set_latency(0.002)
+    for i, customer in enumerate(CUSTOMERS):
+        operations.set_tenant(pg, f"tenant{i}", stripe_customer_id=customer,
+                              name=None, now=utcnow())
+    fake_stripe.set_faults(error_5xx_rate=0.04, apply_before_5xx_rate=0.5,
+                           drop_response_rate=0.04, rate_limit_rate=0.04, retry_after=0.2,
+                           unavailable_rate=0.02)
+    env = worker_env(pg_url, fake_stripe.base_url, STRIPE_TIMEOUT_SECONDS=TIMEOUT,
+                     OUTBOX_CLAIM_TIMEOUT_SECONDS=CLAIM_TIMEOUT, OUTBOX_BATCH_SIZE="40",
+                     OUTBOX_CONCURRENCY="4", OUTBOX_POLL_INTERVAL_SECONDS="0.1")
+    fleet = Fleet(env, tmp_path)
+    shared = [(f"shared-{i}", rng.randrange(len(CUSTOMERS) * len(METERS)),
+               rng.randint(1, 10**9), rng.randint(60, 86400)) for i in range(40)]
+    stop = threading.Event()
+    enqueuers = [Enqueuer(f"e{i}", pg, random.Random(SEED + i + 1), TARGET // 2, shared, stop)
+                 for i in range(2)]
+    try:
+        fleet.up(3)
+        t0 = time.monotonic()
+        for e in enqueuers:
+            e.start()
+        outages = [(9.0, 1.5), (19.0, 1.0)]
+        next_kill = t0 + rng.uniform(2.0, 4.0)
+        while any(e.is_alive() for e in enqueuers) and time.monotonic() - t0 < 60:
+            now = time.monotonic()
+            if now >= next_kill and now - t0 < KILLS_UNTIL:
+                fleet.kill_one(rng, pg)
+                next_kill = now + rng.uniform(2.0, 5.0)
+            for start, length in outages:
+                if start <= now - t0 < start + length:
+                    fake_stripe.set_outage(True)
+                    break
+            else:
+                fake_stripe.set_outage(False)
+            time.sleep(0.05)
+        stop.set()
+        for e in enqueuers:
+            e.join(timeout=10)
+            assert e.error is None, repr(e.error)
+        fake_stripe.set_outage(False)
+        fake_stripe.set_faults()
+
+        committed: dict[str, tuple[str, str, int, int]] = {}
+        for e in enqueuers:
+            committed.update(e.committed)
+        rolled_back = set().union(*(e.rolled_back for e in enqueuers))
+        assert len(committed) >= TARGET - len(shared) and rolled_back
+        assert not rolled_back & set(committed)
+
+        def settled() -> bool:
+            with pg.connect() as conn:
+                counts = dict(conn.execute(
+                    select(T.c.status, func.count()).group_by(T.c.status)).all())
+            return counts == {"sent": len(committed)}
+
+        # Claims of the last SIGKILLed worker come back after their deadline (23 s).
+        try:
+            wait_for(settled, 55, interval=0.5, message="every committed event sent")
+        except AssertionError:
+            raise AssertionError(fleet.diagnose(pg)) from None
+        assert all(p.poll() is None for p in fleet.procs), fleet.diagnose(pg)
+        codes = fleet.terminate_all(timeout=15)
+        assert codes == [0, 0, 0]
+    finally:
+        stop.set()
+        fake_stripe.set_outage(False)
+        fleet.cleanup()
+
+    with pg.connect() as conn:
+        in_db = set(conn.execute(select(T.c.idempotency_key)).scalars())
+    assert in_db == set(committed)
+    accepted = fake_stripe.accepted()
+    assert {k: (a.customer, a.event_name, int(a.value), a.timestamp)
+            for k, a in accepted.items()} == committed
+    assert fake_stripe.accept_count() == len(committed)
+    seen = {e["identifier"] for e in fake_stripe.request_log()}
+    assert not seen & rolled_back
+    assert fake_stripe.overlaps() == {}
+
+    # The chaos really happened.
+    faults = Counter(e["fault"] for e in fake_stripe.request_log() if e["fault"])
+    assert fleet.kills >= 5, fleet.kills
+    assert fleet.stranded > 0, "no SIGKILL caught a worker holding claims"
+    rescued = sum(int(line.split("rescued ")[1].split()[0])
+                  for log in tmp_path.glob("worker*.log")
+                  for line in log.read_text().splitlines()
+                  if "WARNING" in line and "rescued " in line)
+    assert rescued > 0  # a killed worker held claims; they came back after their deadline
+    assert faults["drop"] and faults["429"] and faults["503"], faults
+    assert faults["500"] + faults["502"] + faults["504"] > 0, faults
+    assert fake_stripe.duplicate_identifier_rejections() > 0
+    assert sum(e.duplicates for e in enqueuers) > 20
+    assert fake_stripe.max_in_flight() >= 3

@@ -1,0 +1,88 @@
+"""The composition root: :func:`create_app` wires settings, engine, services, blueprints,
+commands and the in-app scheduler, here and nowhere else. Nothing starts at import time."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Mapping
+from typing import Any
+
+from flask import Flask
+from sqlalchemy import Engine
+
+from . import config
+from .config import ConfigError, Settings, embedded_secret_key
+from .db import make_engine, make_session_factory
+from .logging_setup import configure_logging
+from .services import EXTENSION, Services, services_of
+
+TEMPLATES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                         "templates")
+STATIC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "static")
+
+
+def create_app(test_config: Mapping[str, Any] | None = None, *,
+               settings: Settings | None = None, engine: Engine | None = None,
+               start_drainer: bool | None = None) -> Flask:
+    """Build the app. Raises ``ConfigError`` (one line naming the variable) on bad settings.
+
+    The in-app drainer starts only when ``DRAINER_ENABLED``, outside tests, and not for CLI
+    commands (``billing-outbox serve`` starts it in the gunicorn workers).
+    """
+    test_config = dict(test_config or {})
+    testing = bool(test_config.get("TESTING"))
+    settings = settings or Settings.from_env(testing=testing)
+    configure_logging(settings.log_format, settings.log_level)
+
+    app = Flask(__name__, template_folder=TEMPLATES, static_folder=STATIC,
+                instance_path=str(config.INSTANCE_DIR))
+    app.config.update(
+        SECRET_KEY=_secret_key(settings, testing),
+        SESSION_COOKIE_HTTPONLY=True,
+        SESSION_COOKIE_SAMESITE="Lax",
+        SESSION_COOKIE_SECURE=_cookie_secure(settings),
+        PERMANENT_SESSION_LIFETIME=12 * 3600,
+        MAX_CONTENT_LENGTH=1 * 1024 * 1024,
+    )
+    app.config.update(test_config)
+
+    engine = engine or make_engine(settings.database_url)
+    app.extensions[EXTENSION] = Services(settings, engine, make_session_factory(engine))
+
+    from .web import register_blueprints
+    from .web.cli import register_commands
+
+    register_blueprints(app)
+    register_commands(app)
+
+    if start_drainer is None:
+        start_drainer = (settings.drainer_enabled and not testing
+                         and os.environ.get("FLASK_RUN_FROM_CLI") != "true")
+    if start_drainer:
+        from .web.scheduler import start_scheduler
+
+        start_scheduler(services_of(app))
+    return app
+
+
+def _secret_key(settings: Settings, testing: bool) -> str:
+    if settings.secret_key:
+        return settings.secret_key
+    if testing:
+        return secrets.token_urlsafe(32)
+    if settings.database_url.startswith("sqlite") and not os.environ.get("DATABASE_URL"):
+        return embedded_secret_key()
+    raise ConfigError("SECRET_KEY must be set (it signs sessions); e.g. "
+                      "python -c 'import secrets; print(secrets.token_urlsafe(48))'")
+
+
+def _cookie_secure(settings: Settings) -> bool:
+    raw = os.environ.get("SESSION_COOKIE_SECURE")
+    if raw is not None and raw.strip():
+        value = raw.strip().lower()
+        if value not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+            raise ConfigError(f"SESSION_COOKIE_SECURE: expected true or false, got {raw!r}")
+        return value in ("1", "true", "yes", "on")
+    # The embedded default serves plain http on 127.0.0.1; anything else is behind TLS.
+    return not (settings.database_url.startswith("sqlite") and not os.environ.get("DATABASE_URL"))

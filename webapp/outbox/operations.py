@@ -1,0 +1,203 @@
+"""What people do to the outbox, each rule written once and called alike from the CLI and
+the web: map a tenant to its Stripe customer, requeue and resolve dead events, pause and
+resume sending. Every action is audited in its own transaction; every refusal raises
+:class:`OperationError` with the reason and changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, Engine, insert, select
+from sqlalchemy import update as sa_update
+
+from ..audit import write_audit
+from .control import OPERATOR, set_paused
+from .sql import TENANTS, T, id_in
+from .states import (
+    REQUEUE_REFUSALS,
+    Move,
+    RequeueCheck,
+    Status,
+    allowed,
+    requeue_check,
+    requeue_permitted,
+)
+
+RESOLVE_REASONS = {
+    "billed_manually": "Billed manually",
+    "duplicate": "Duplicate of another event",
+    "customer_churned": "Customer churned",
+    "written_off": "Written off",
+    "other": "Other",
+}
+
+
+class OperationError(ValueError):
+    """A person's request cannot be carried out; the message says why. Nothing changed."""
+
+
+@dataclass(frozen=True)
+class ActionResult:
+    """What an action changed: its audit entry and the events it moved."""
+
+    audit_id: int
+    event_ids: list[int]
+
+
+# -- tenants ---------------------------------------------------------------------------------
+
+def set_tenant(engine: Engine, tenant_id: str, *, stripe_customer_id: str | None,
+               name: str | None, now: datetime, actor: str | None = None) -> None:
+    """Create or update a tenant's Stripe customer mapping (audited when ``actor`` is given).
+    Events already attempted keep the customer fixed at their first attempt.
+
+    Raises :class:`OperationError` for a tenant id that is not 1–100 printable characters or
+    a customer id that does not start with ``cus_``.
+    """
+    if not tenant_id or len(tenant_id) > 100 or not tenant_id.isprintable():
+        raise OperationError("tenant id must be 1–100 printable characters")
+    if stripe_customer_id is not None and not stripe_customer_id.startswith("cus_"):
+        raise OperationError(f"Stripe customer ids start with cus_, got {stripe_customer_id!r}")
+    with engine.begin() as conn:
+        current = conn.execute(select(TENANTS.c.tenant_id)
+                               .where(TENANTS.c.tenant_id == tenant_id)).first()
+        values: dict[str, object] = {"stripe_customer_id": stripe_customer_id, "updated_at": now}
+        if name is not None:
+            values["name"] = name
+        if current is None:
+            conn.execute(insert(TENANTS).values(tenant_id=tenant_id, created_at=now, **values))
+        else:
+            conn.execute(sa_update(TENANTS).where(TENANTS.c.tenant_id == tenant_id)
+                         .values(**values))
+        if actor is not None:
+            write_audit(conn, actor=actor, action="tenant_map", now=now,
+                        note=f"{tenant_id} -> {stripe_customer_id}"
+                        + (f" ({name})" if name else ""))
+
+
+# -- dead letters ----------------------------------------------------------------------------
+
+def _unique_ids(ids: Sequence[int]) -> list[int]:
+    unique = list(dict.fromkeys(int(i) for i in ids))
+    if not unique:
+        raise OperationError("no event ids given")
+    return unique
+
+
+def _load(conn: Connection, ids: Sequence[int]) -> dict[int, Any]:
+    rows = conn.execute(select(T.c.id, T.c.status, T.c.occurred_at, T.c.dead_reason,
+                               T.c.first_unknown_at).where(id_in(conn, T.c.id, ids))).all()
+    return {r.id: r for r in rows}
+
+
+def requeue_checks(conn: Connection, ids: Sequence[int], *, now: datetime,
+                   window_seconds: float) -> dict[int, RequeueCheck | None]:
+    """What a requeue may do with each event (:func:`~.states.requeue_check`); None for an id
+    that names no event."""
+    return _checks(_load(conn, ids), ids, now, window_seconds)
+
+
+def _checks(rows: dict[int, Any], ids: Sequence[int], now: datetime,
+            window_seconds: float) -> dict[int, RequeueCheck | None]:
+    return {i: None if (r := rows.get(i)) is None else requeue_check(
+        status=r.status, occurred_at=r.occurred_at, dead_reason=r.dead_reason,
+        first_unknown_at=r.first_unknown_at, now=now, window_seconds=window_seconds)
+        for i in ids}
+
+
+def requeue(engine: Engine, ids: Sequence[int], *, actor: str, now: datetime,
+            force: bool = False, window_seconds: float, note: str | None = None
+            ) -> ActionResult:
+    """Send dead events again: a fresh attempt budget and transport key, the same identifier,
+    customer and timestamp. All or nothing: any refused id refuses the whole request.
+
+    Refused (:class:`OperationError`): events that are not dead; events past Stripe's 35-day
+    limit; events whose outcome was unknown past the dedupe window, unless ``force`` (a
+    resend could then bill twice).
+    """
+    ids = _unique_ids(ids)
+    with engine.begin() as conn:
+        rows = _load(conn, ids)
+        checks = _checks(rows, ids, now, window_seconds)
+        problems = []
+        for i in ids:
+            check = checks[i]
+            if check is None:
+                problems.append(f"{i}: no such event")
+            elif check is RequeueCheck.NOT_DEAD:
+                problems.append(f"{i}: is {rows[i].status}, {REQUEUE_REFUSALS[check]}")
+            elif not requeue_permitted(check, force=force):
+                problems.append(f"{i}: {REQUEUE_REFUSALS[check]}")
+        if problems:
+            raise OperationError("; ".join(problems))
+        values: dict[str, object] = dict(
+            status=Status.PENDING.value, attempt_count=0, next_attempt_at=now,
+            key_generation=T.c.key_generation + 1, dead_reason=None, dead_at=None,
+            claim_token=None, processing_deadline_at=None, updated_at=now)
+        if force:
+            values["first_unknown_at"] = None
+        done = conn.execute(sa_update(T).where(id_in(conn, T.c.id, ids),
+                                               T.c.status == Status.DEAD.value)
+                            .values(**values))
+        if done.rowcount != len(ids):
+            raise OperationError("some events changed while requeueing; nothing was done")
+        audit_id = write_audit(conn, actor=actor, action="force_requeue" if force else "requeue",
+                               event_ids=ids, note=note, now=now)
+    return ActionResult(audit_id, ids)
+
+
+def resolve(engine: Engine, ids: Sequence[int], *, actor: str, reason: str, note: str,
+            now: datetime) -> ActionResult:
+    """Close dead events by hand with a reason code and a note; they stay in history.
+
+    Refused (:class:`OperationError`): an unknown reason, an empty note, any event that is
+    not dead.
+    """
+    ids = _unique_ids(ids)
+    if reason not in RESOLVE_REASONS:
+        raise OperationError(f"reason must be one of {', '.join(RESOLVE_REASONS)}, "
+                             f"got {reason!r}")
+    if not note or not note.strip():
+        raise OperationError("a note is required to resolve events")
+    with engine.begin() as conn:
+        rows = _load(conn, ids)
+        problems = [f"{i}: no such event" if i not in rows else
+                    f"{i}: is {rows[i].status}, only dead events can be resolved"
+                    for i in ids
+                    if i not in rows or not allowed(rows[i].status, Move.RESOLVE)]
+        if problems:
+            raise OperationError("; ".join(problems))
+        done = conn.execute(sa_update(T).where(id_in(conn, T.c.id, ids),
+                                               T.c.status == Status.DEAD.value)
+                            .values(status=Status.RESOLVED.value, resolved_at=now,
+                                    resolved_by=actor, resolve_reason=reason,
+                                    resolve_note=note.strip(), updated_at=now))
+        if done.rowcount != len(ids):
+            raise OperationError("some events changed while resolving; nothing was done")
+        audit_id = write_audit(conn, actor=actor, action="resolve", event_ids=ids,
+                               reason_code=reason, note=note.strip(), now=now)
+    return ActionResult(audit_id, ids)
+
+
+# -- the sending switch ----------------------------------------------------------------------
+
+def pause(engine: Engine, *, actor: str, reason: str | None, now: datetime) -> bool:
+    """Stop sending for every worker until :func:`resume` (audited); whether it changed."""
+    changed = set_paused(engine, paused=True, reason=reason or f"paused by {actor}",
+                         kind=OPERATOR, by=actor, now=now)
+    with engine.begin() as conn:
+        write_audit(conn, actor=actor, action="pause", note=reason, now=now)
+    return changed
+
+
+def resume(engine: Engine, *, actor: str, now: datetime) -> bool:
+    """Restart sending, after a person's pause or a systemic one once its cause is fixed
+    (audited); whether it changed."""
+    changed = set_paused(engine, paused=False, reason=None, kind=OPERATOR, by=actor, now=now)
+    with engine.begin() as conn:
+        write_audit(conn, actor=actor, action="resume", now=now)
+    return changed

@@ -1,0 +1,200 @@
+"""Rollups of final facts, so the dashboard never counts the sent rows on a poll.
+
+Sent is final: sent events are folded into ``usage_sent_rollup`` (per UTC day of occurrence,
+tenant and meter) with a running total, and calls to Stripe into ``attempt_rollup`` (per
+outcome and latency bucket) for /metrics. A rollup's *mark* says what it holds: rows stamped
+(``sent_at``/``attempted_at``) before its watermark **and** with an id up to its id mark. A
+read adds the rollup to the rows outside it — stamped after the watermark, or written after
+the last fold (a back-fill of history is caught this way) — reading the mark in the same
+snapshot (``webapp.db.reading``), so a fold that commits meanwhile is never counted twice nor
+missed. Reads are therefore exact however stale the rollups are; staleness costs only time.
+
+The watermark trails ``now`` by a margin longer than a worker can take between stamping a row
+and committing it (at least 15 minutes, and at least twice the claim timeout). Folding is the
+folder service's job (``webapp.worker.folder``), never a page view's: :func:`fold` writes,
+everything else here only reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import ColumnElement, Connection, Engine, case, delete, func, literal_column, select
+from sqlalchemy import update as sa_update
+
+from .sql import (
+    ATTEMPT_ROLLUP,
+    ATTEMPTS,
+    EPOCH,
+    ROLLUP_STATE,
+    SENT_ROLLUP,
+    T,
+    as_utc,
+    insert_for,
+    int_sum,
+    status_is,
+    utc_day,
+)
+
+SENT_USAGE = "sent_usage"
+ATTEMPT_CALLS = "attempts"
+ROLLUPS = (SENT_USAGE, ATTEMPT_CALLS)
+#: A fold runs only when a rollup lags its target by this much: the rows past the watermark
+#: stay a few minutes' worth.
+FOLD_EVERY = timedelta(minutes=5)
+#: Upper bounds (ms) of the send-latency histogram's buckets (/metrics shows seconds).
+LATENCY_BUCKETS_MS = (25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000)
+
+
+@dataclass(frozen=True)
+class Mark:
+    """Where a rollup stands: rows stamped before ``at`` whose id is at most ``id`` are in it
+    (the id catches rows written later with an old stamp, e.g. history loaded by hand);
+    ``events``/``quantity`` total what it holds."""
+
+    at: datetime = EPOCH
+    id: int = 0
+    events: int = 0
+    quantity: int = 0
+
+
+def read_mark(conn: Connection, name: str) -> Mark:
+    """A rollup's mark, in the caller's snapshot. Read it in the same snapshot as the rows
+    past it, so a fold committing in between is seen entirely or not at all."""
+    row = conn.execute(select(ROLLUP_STATE.c.watermark, ROLLUP_STATE.c.id_mark,
+                              ROLLUP_STATE.c.events, ROLLUP_STATE.c.quantity)
+                       .where(ROLLUP_STATE.c.name == name)).first()
+    if row is None:
+        return Mark()
+    return Mark(as_utc(row.watermark) or EPOCH, int(row.id_mark), int(row.events),
+                int(row.quantity))
+
+
+def live_sent(mark: Mark) -> ColumnElement[bool]:
+    """Sent events not in the rollup: stamped at or after its watermark, or written after
+    its last fold (a small range of ``ix_outbox_sent_at`` OR'ed with one of the primary key)."""
+    return status_is("sent") & ((T.c.sent_at >= mark.at) | (T.c.id > mark.id))
+
+
+def live_attempts(mark: Mark) -> ColumnElement[bool]:
+    """Calls not in the attempt rollup."""
+    return (ATTEMPTS.c.attempted_at >= mark.at) | (ATTEMPTS.c.id > mark.id)
+
+
+def latency_bucket() -> ColumnElement[int]:
+    """The index of a call's latency bucket in :data:`LATENCY_BUCKETS_MS`; its length for
+    slower calls; -1 for a call without a duration."""
+    whens: list[tuple[Any, Any]] = [(ATTEMPTS.c.duration_ms.is_(None), literal_column("-1"))]
+    whens += [(ATTEMPTS.c.duration_ms <= literal_column(str(ms)), literal_column(str(i)))
+              for i, ms in enumerate(LATENCY_BUCKETS_MS)]
+    return case(*whens, else_=literal_column(str(len(LATENCY_BUCKETS_MS))))
+
+
+def sent_total(conn: Connection) -> int:
+    """Every sent event: the folded total plus the rows not folded yet."""
+    mark = read_mark(conn, SENT_USAGE)
+    live = conn.execute(select(func.count()).where(live_sent(mark)))
+    return mark.events + int(live.scalar_one())
+
+
+def fold_margin(claim_timeout_seconds: float) -> timedelta:
+    """How far the rollups' watermark trails ``now``: longer than a worker can hold a stamp
+    before committing it (its claim), with room to spare."""
+    return max(timedelta(minutes=15), timedelta(seconds=2 * claim_timeout_seconds + 60))
+
+
+def fold_target(now: datetime, margin: timedelta) -> datetime:
+    """The watermark a fold at ``now`` moves the rollups to."""
+    return (now - margin).replace(second=0, microsecond=0)
+
+
+def fold(engine: Engine, *, now: datetime, margin: timedelta) -> bool:
+    """Fold closed stretches of sent events and attempts into the rollups, if they lag by
+    more than :data:`FOLD_EVERY`. Cheap when fresh (one small read). Returns whether it
+    folded. Concurrent callers are safe: one folds, the others skip it (PostgreSQL) or wait
+    for it and then find nothing to do (SQLite serializes writers)."""
+    target = fold_target(now, margin)
+    with engine.connect() as conn:
+        marks = {name: as_utc(at) for name, at in
+                 conn.execute(select(ROLLUP_STATE.c.name, ROLLUP_STATE.c.watermark)).all()}
+    if all((at := marks.get(n)) is not None and target - at < FOLD_EVERY for n in ROLLUPS):
+        return False
+    with engine.begin() as conn:
+        for name, fold_one in ((SENT_USAGE, _fold_sent), (ATTEMPT_CALLS, _fold_attempts)):
+            mark = _lock_mark(conn, name)
+            if mark is not None and mark.at < target:
+                fold_one(conn, mark, target)
+    return True
+
+
+def rebuild(engine: Engine, *, now: datetime, margin: timedelta) -> None:
+    """Empty the rollups and fold everything again."""
+    with engine.begin() as conn:
+        conn.execute(delete(SENT_ROLLUP))
+        conn.execute(delete(ATTEMPT_ROLLUP))
+        conn.execute(sa_update(ROLLUP_STATE).values(watermark=EPOCH, id_mark=0, events=0,
+                                                    quantity=0))
+    fold(engine, now=now, margin=margin)
+
+
+def _lock_mark(conn: Connection, name: str) -> Mark | None:
+    """The rollup's mark, locked for this transaction; None if another folder holds it."""
+    conn.execute(insert_for(conn, ROLLUP_STATE).values(name=name, watermark=EPOCH, id_mark=0,
+                                                       events=0, quantity=0)
+                 .on_conflict_do_nothing(index_elements=[ROLLUP_STATE.c.name]))
+    stmt = select(ROLLUP_STATE.c.name).where(ROLLUP_STATE.c.name == name)
+    if conn.dialect.name == "postgresql":
+        stmt = stmt.with_for_update(skip_locked=True)
+    if conn.execute(stmt).first() is None:
+        return None
+    return read_mark(conn, name)
+
+
+def _fold_sent(conn: Connection, mark: Mark, high: datetime) -> None:
+    """Move the sent rows stamped before ``high`` (and written before this fold) from "live"
+    into the rollup. The totals added are the sums of exactly the rows written, so the
+    running total always equals the rollup, whatever commits meanwhile."""
+    last_id = int(conn.execute(select(func.coalesce(func.max(T.c.id), 0))).scalar_one())
+    day = utc_day(T.c.occurred_at)
+    inner = select(day.label("day"), T.c.tenant_id, T.c.meter, T.c.quantity).where(
+        live_sent(mark), T.c.sent_at < high, T.c.id <= last_id).subquery()
+    groups = conn.execute(
+        select(inner.c.day, inner.c.tenant_id, inner.c.meter, func.count().label("events"),
+               int_sum(inner.c.quantity).label("quantity"))
+        .group_by(inner.c.day, inner.c.tenant_id, inner.c.meter)).all()
+    if groups:
+        ins = insert_for(conn, SENT_ROLLUP)
+        conn.execute(ins.on_conflict_do_update(
+            index_elements=[SENT_ROLLUP.c.day, SENT_ROLLUP.c.tenant_id, SENT_ROLLUP.c.meter],
+            set_={"events": SENT_ROLLUP.c.events + ins.excluded.events,
+                  "quantity": SENT_ROLLUP.c.quantity + ins.excluded.quantity}),
+            [dict(g._mapping) for g in groups])
+    conn.execute(sa_update(ROLLUP_STATE).where(ROLLUP_STATE.c.name == SENT_USAGE).values(
+        watermark=high, id_mark=last_id,
+        events=ROLLUP_STATE.c.events + sum(int(g.events) for g in groups),
+        quantity=ROLLUP_STATE.c.quantity + sum(int(g.quantity) for g in groups)))
+
+
+def _fold_attempts(conn: Connection, mark: Mark, high: datetime) -> None:
+    """The same for calls to Stripe, by outcome and latency bucket."""
+    last_id = int(conn.execute(select(func.coalesce(func.max(ATTEMPTS.c.id), 0))).scalar_one())
+    inner = select(ATTEMPTS.c.outcome, latency_bucket().label("bucket"),
+                   ATTEMPTS.c.duration_ms).where(
+        live_attempts(mark), ATTEMPTS.c.attempted_at < high,
+        ATTEMPTS.c.id <= last_id).subquery()
+    groups = conn.execute(
+        select(inner.c.outcome, inner.c.bucket, func.count().label("attempts"),
+               int_sum(inner.c.duration_ms).label("duration_ms"))
+        .group_by(inner.c.outcome, inner.c.bucket)).all()
+    if groups:
+        ins = insert_for(conn, ATTEMPT_ROLLUP)
+        conn.execute(ins.on_conflict_do_update(
+            index_elements=[ATTEMPT_ROLLUP.c.outcome, ATTEMPT_ROLLUP.c.bucket],
+            set_={"attempts": ATTEMPT_ROLLUP.c.attempts + ins.excluded.attempts,
+                  "duration_ms": ATTEMPT_ROLLUP.c.duration_ms + ins.excluded.duration_ms}),
+            [dict(g._mapping) for g in groups])
+    conn.execute(sa_update(ROLLUP_STATE).where(ROLLUP_STATE.c.name == ATTEMPT_CALLS).values(
+        watermark=high, id_mark=last_id,
+        events=ROLLUP_STATE.c.events + sum(int(g.attempts) for g in groups)))

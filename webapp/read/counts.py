@@ -1,0 +1,117 @@
+"""The numbers several pages share: events by status, the oldest waiting event, events near
+Stripe's 35-day limit, tenants waiting for a customer, the sending switch, and how fresh the
+rollups are. Each takes the page's connection, so one page reads one snapshot."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import Connection, func, select, union_all
+
+from ..outbox.control import PauseState, pause_state
+from ..outbox.rollups import ROLLUPS, fold_target, read_mark, sent_total
+from ..outbox.sql import (
+    EPOCH,
+    IDLE_UNSENT,
+    IN_FLIGHT,
+    TENANTS,
+    WAITING_IDLE,
+    T,
+    as_utc,
+    status_in,
+)
+from ..outbox.states import ALL_STATUSES, MAX_AGE
+
+#: Statuses whose events still have to reach Stripe (dead ones only by a person's requeue).
+WAITING = ("pending", "processing", "retrying")
+UNSENT_OPEN = ("pending", "retrying", "dead")  # and those in flight (IN_FLIGHT)
+#: Stripe rejects events older than 35 days; warn this long before.
+NEAR_LIMIT = timedelta(days=7)
+
+
+def sending_state(conn: Connection) -> PauseState:
+    """Whether sending is paused, why, since when and by whom (one primary-key read)."""
+    return pause_state(conn)
+
+
+def status_counts(conn: Connection) -> dict[str, int]:
+    """Events by status. Sent from the rollup; in flight through
+    ``ix_outbox_processing_deadline``; the rest through ``ix_outbox_unsent``."""
+    counts = dict.fromkeys(ALL_STATUSES, 0)
+    for status, n in conn.execute(select(T.c.status, func.count()).where(IDLE_UNSENT)
+                                  .group_by(T.c.status)):
+        counts[status] = int(n)
+    counts["processing"] = int(conn.execute(select(func.count()).where(IN_FLIGHT)).scalar_one())
+    counts["sent"] = sent_total(conn)
+    return counts
+
+
+def oldest_waiting(conn: Connection) -> datetime | None:
+    """When the oldest event still waiting to be sent (pending, processing, retrying) was
+    enqueued (``ix_outbox_waiting_created``, and the few in flight apart)."""
+    found = [as_utc(conn.execute(select(func.min(T.c.created_at)).where(where)).scalar())
+             for where in (WAITING_IDLE, IN_FLIGHT)]
+    return min((at for at in found if at is not None), default=None)
+
+
+def age_limits(conn: Connection, now: datetime) -> tuple[int, int]:
+    """(events within 7 days of Stripe's 35-day limit, events past it) not yet sent."""
+    limit = now - MAX_AGE
+    parts = [(status_in(UNSENT_OPEN), IDLE_UNSENT), (IN_FLIGHT,)]
+    inner = union_all(*[select((T.c.occurred_at < limit).label("past")).where(
+        *where, T.c.occurred_at < limit + NEAR_LIMIT) for where in parts]).subquery()
+    rows = conn.execute(select(inner.c.past, func.count()).group_by(inner.c.past)).all()
+    over = sum(int(n) for past, n in rows if past)
+    near = sum(int(n) for past, n in rows if not past)
+    return near, over
+
+
+@dataclass(frozen=True)
+class UnmappedTenant:
+    """A tenant with events waiting only because it has no Stripe customer yet."""
+
+    tenant_id: str
+    events: int
+    oldest_occurred_at: datetime | None
+
+
+def unmapped_tenants(conn: Connection, limit: int = 50) -> list[UnmappedTenant]:
+    """Tenants with events waiting only because they have no Stripe customer yet."""
+    # Per tenant first (a hash of a few hundred groups), then the mapping test once per
+    # tenant, not once per waiting event.
+    waiting = (select(T.c.tenant_id, func.count().label("n"),
+                      func.min(T.c.occurred_at).label("oldest"))
+               .where(status_in(("pending", "retrying")), IDLE_UNSENT,
+                      T.c.stripe_customer_id.is_(None))
+               .group_by(T.c.tenant_id).subquery())
+    mapped = (select(TENANTS.c.tenant_id)
+              .where(TENANTS.c.tenant_id == waiting.c.tenant_id,
+                     TENANTS.c.stripe_customer_id.is_not(None)).exists())
+    rows = conn.execute(
+        select(waiting.c.tenant_id, waiting.c.n, waiting.c.oldest).where(~mapped)
+        .order_by(waiting.c.n.desc(), waiting.c.tenant_id).limit(limit))
+    return [UnmappedTenant(t, int(n), as_utc(o)) for t, n, o in rows]
+
+
+@dataclass(frozen=True)
+class Freshness:
+    """How far the rollups lag what a fold now would give them (they are exact either way:
+    only the time a read takes grows with the lag)."""
+
+    folded_to: datetime | None   # the oldest watermark; None: never folded
+    behind: timedelta | None     # beyond the usual margin; None when never folded
+
+    def stale(self, tolerance: timedelta = timedelta(hours=1)) -> bool:
+        """Whether the folder seems not to run (it folds every few minutes)."""
+        return self.behind is None or self.behind > tolerance
+
+
+def rollup_freshness(conn: Connection, *, now: datetime, margin: timedelta) -> Freshness:
+    """How fresh the rollups are: their oldest watermark, and how far it trails the one a
+    fold at ``now`` would set."""
+    marks = [read_mark(conn, name) for name in ROLLUPS]
+    if any(m.at == EPOCH for m in marks):
+        return Freshness(None, None)
+    folded = min(m.at for m in marks)
+    return Freshness(folded, max(timedelta(0), fold_target(now, margin) - folded))

@@ -1,0 +1,220 @@
+"""The Dead letters page: dead (or resolved) events filtered and keyset-paginated, grouped by
+error, and what a requeue would do with them — judged by the one requeue rule,
+:func:`webapp.outbox.states.requeue_check`, that the requeue itself applies."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Engine, case, func, literal, or_, select
+
+from ..db import reading
+from ..outbox.operations import requeue_checks
+from ..outbox.sql import T, as_utc, ascii_icontains, int_sum, status_is
+from ..outbox.states import (
+    DEAD_EXHAUSTED,
+    DEAD_PAST_WINDOW,
+    MAX_AGE,
+    RequeueCheck,
+    requeue_check,
+)
+from .counts import NEAR_LIMIT
+from .paging import Cursor, Page, keyset
+
+#: "Requeue all matching" previews and acts on at most this many events at a time.
+MAX_BULK = 10_000
+
+AGES = {
+    "": "any age",
+    "1h": "dead in the last hour",
+    "24h": "dead in the last 24 h",
+    "7d": "dead in the last 7 days",
+    "gt24h": "dead for over 24 h",
+    "gt7d": "dead for over 7 days",
+    "near_limit": "occurred over 28 days ago",
+}
+DEAD_STATUSES = {"dead": "Dead (to act on)", "resolved": "Resolved (history)"}
+KINDS = {"unknown_past_window": "outcome unknown past the 24 h window",
+         "exhausted": "retries exhausted", "permanent": "permanent error"}
+
+
+@dataclass(frozen=True)
+class DeadFilters:
+    """The page's filters; raises ``ValueError`` naming a bad one."""
+
+    status: str = "dead"
+    tenant: str = ""
+    meter: str = ""
+    code: str = ""
+    error_class: str = ""
+    age: str = ""
+    q: str = ""
+
+    def __post_init__(self) -> None:
+        if self.status not in DEAD_STATUSES:
+            raise ValueError(f"status must be one of {', '.join(DEAD_STATUSES)}")
+        if self.age not in AGES:
+            raise ValueError(f"age must be one of {', '.join(a for a in AGES if a)}")
+        for name in ("tenant", "meter", "code", "error_class", "q"):
+            if len(getattr(self, name)) > 200:
+                raise ValueError(f"{name} is too long")
+
+    def params(self) -> dict[str, str]:
+        """The non-empty filters, as query-string parameters."""
+        return {k: v for k, v in self.__dict__.items() if v and not (k == "status" and
+                                                                      v == "dead")}
+
+    def conditions(self, now: datetime) -> list[Any]:
+        where: list[Any] = [status_is(self.status), T.c.dead_at.is_not(None)]
+        if self.tenant:
+            where.append(T.c.tenant_id == self.tenant)
+        if self.meter:
+            where.append(T.c.meter == self.meter)
+        if self.code:
+            where.append(T.c.last_error_code == self.code)
+        if self.error_class:
+            where.append(T.c.last_error_class == self.error_class)
+        if self.q:
+            where.append(or_(ascii_icontains(T.c.last_error_message, self.q),
+                             ascii_icontains(T.c.dead_reason, self.q),
+                             T.c.idempotency_key == self.q))
+        age = {"1h": timedelta(hours=1), "24h": timedelta(days=1), "7d": timedelta(days=7)}
+        if self.age in age:
+            where.append(T.c.dead_at >= now - age[self.age])
+        elif self.age == "gt24h":
+            where.append(T.c.dead_at < now - timedelta(days=1))
+        elif self.age == "gt7d":
+            where.append(T.c.dead_at < now - timedelta(days=7))
+        elif self.age == "near_limit":
+            where.append(T.c.occurred_at < now - (MAX_AGE - NEAR_LIMIT))
+        return where
+
+
+DEAD_COLUMNS = (T.c.id, T.c.tenant_id, T.c.meter, T.c.quantity, T.c.idempotency_key,
+                T.c.occurred_at, T.c.status, T.c.attempt_count, T.c.call_count, T.c.last_outcome,
+                T.c.last_error_class, T.c.last_error_code, T.c.last_http_status,
+                T.c.last_error_message, T.c.dead_reason, T.c.dead_at, T.c.first_unknown_at,
+                T.c.resolved_at, T.c.resolved_by, T.c.resolve_reason, T.c.resolve_note)
+
+
+def check_row(row: dict[str, Any], *, now: datetime, window_seconds: float) -> RequeueCheck:
+    """:func:`~webapp.outbox.states.requeue_check` for a row read by this module."""
+    return requeue_check(status=row["status"], occurred_at=row["occurred_at"],
+                         dead_reason=row.get("dead_reason"),
+                         first_unknown_at=row.get("first_unknown_at"), now=now,
+                         window_seconds=window_seconds)
+
+
+def dead_letters(engine: Engine, filters: DeadFilters, *, now: datetime, window_seconds: float,
+                 after: Cursor | None = None, before: Cursor | None = None,
+                 limit: int = 50) -> Page:
+    """One page of dead (or resolved) events, newest death first, keyset-paginated on
+    (dead_at, id) through ``ix_outbox_dead`` / ``ix_outbox_dead_tenant`` /
+    ``ix_outbox_resolved``. Each dead row carries ``requeue`` (its requeue check) and
+    ``near_limit``."""
+    stmt = select(*DEAD_COLUMNS).where(*filters.conditions(now))
+    with reading(engine) as conn:
+        page = keyset(conn, stmt, T.c.dead_at, T.c.id, after=after, before=before,
+                      limit=limit, key="dead_at")
+    for r in page.rows:
+        r["requeue"] = (check_row(r, now=now, window_seconds=window_seconds).value
+                        if r["status"] == "dead" else None)
+        r["near_limit"] = r["occurred_at"] < now - (MAX_AGE - NEAR_LIMIT)
+    return page
+
+
+@dataclass(frozen=True)
+class ErrorGroup:
+    kind: str
+    error_class: str | None
+    code: str | None
+    http_status: int | None
+    events: int
+    quantity: int
+    tenants: int
+    first_dead_at: datetime | None
+    last_dead_at: datetime | None
+
+
+def dead_letter_groups(engine: Engine, filters: DeadFilters, *, now: datetime,
+                       limit: int = 50) -> list[ErrorGroup]:
+    """Dead (or resolved) events matching ``filters``, grouped by error: why they died,
+    error class, code and HTTP status. Largest groups first."""
+    kind = case((T.c.dead_reason == DEAD_PAST_WINDOW, literal("unknown_past_window")),
+                (T.c.dead_reason.startswith(DEAD_EXHAUSTED, autoescape=True),
+                 literal("exhausted")), else_=literal("permanent"))
+    inner = select(kind.label("kind"), T.c.last_error_class, T.c.last_error_code,
+                   T.c.last_http_status, T.c.quantity, T.c.tenant_id, T.c.dead_at).where(
+        *filters.conditions(now)).subquery()
+    keys = (inner.c.kind, inner.c.last_error_class, inner.c.last_error_code,
+            inner.c.last_http_status)
+    with reading(engine) as conn:
+        rows = conn.execute(
+            select(*keys, func.count(), int_sum(inner.c.quantity),
+                   func.count(inner.c.tenant_id.distinct()), func.min(inner.c.dead_at),
+                   func.max(inner.c.dead_at))
+            .group_by(*keys).order_by(func.count().desc()).limit(limit)).all()
+    return [ErrorGroup(k, c, code, h, int(n), int(q), int(t), as_utc(lo), as_utc(hi))
+            for k, c, code, h, n, q, t, lo, hi in rows]
+
+
+@dataclass(frozen=True)
+class RequeuePreview:
+    """What "requeue all matching" would do, and the exact ids it would act on."""
+
+    matched: int                 # matching dead events looked at (capped at MAX_BULK + 1)
+    capped: bool                 # more matched than one bulk action takes
+    ok_ids: list[int]
+    force_ids: list[int]         # outcome unknown past the 24 h window: only with force
+    too_old_ids: list[int]       # past Stripe's 35-day limit: excluded
+    near_limit: int              # of ok+force, within 7 days of the limit
+    tenants: int
+    units: int
+    force_units: int
+
+
+def requeue_preview(engine: Engine, filters: DeadFilters, *, now: datetime,
+                    window_seconds: float, cap: int = MAX_BULK) -> RequeuePreview:
+    """Snapshot the dead events matching ``filters`` (oldest deaths first, at most ``cap``).
+    Raises ``ValueError`` unless the filters select dead events."""
+    if filters.status != "dead":
+        raise ValueError("only dead events can be requeued")
+    near_cut = now - (MAX_AGE - NEAR_LIMIT)
+    stmt = (select(T.c.id, T.c.tenant_id, T.c.quantity, T.c.status, T.c.occurred_at,
+                   T.c.dead_reason, T.c.first_unknown_at)
+            .where(*filters.conditions(now)).order_by(T.c.dead_at, T.c.id).limit(cap + 1))
+    with reading(engine) as conn:
+        rows = conn.execute(stmt).all()
+    capped = len(rows) > cap
+    by: dict[RequeueCheck, list[int]] = {c: [] for c in RequeueCheck}
+    tenants: set[str] = set()
+    units = force_units = near = 0
+    for r in rows[:cap]:
+        occurred = as_utc(r.occurred_at)
+        assert occurred is not None
+        check = requeue_check(status=r.status, occurred_at=occurred, dead_reason=r.dead_reason,
+                              first_unknown_at=as_utc(r.first_unknown_at), now=now,
+                              window_seconds=window_seconds)
+        by[check].append(int(r.id))
+        if check in (RequeueCheck.OK, RequeueCheck.FORCE):
+            tenants.add(r.tenant_id)
+            units += int(r.quantity)
+            force_units += int(r.quantity) if check is RequeueCheck.FORCE else 0
+            near += 1 if occurred < near_cut else 0
+    return RequeuePreview(len(rows), capped, by[RequeueCheck.OK], by[RequeueCheck.FORCE],
+                          by[RequeueCheck.TOO_OLD], near, len(tenants), units, force_units)
+
+
+def classify_for_requeue(engine: Engine, ids: Sequence[int], *, now: datetime,
+                         window_seconds: float) -> dict[str, list[int]]:
+    """The given events by requeue check (``ok``/``force``/``too_old``/``not_dead``; an id
+    naming no event counts as ``not_dead``), as the requeue itself would judge them."""
+    out: dict[str, list[int]] = {c.value: [] for c in RequeueCheck}
+    with reading(engine) as conn:
+        checks = requeue_checks(conn, ids, now=now, window_seconds=window_seconds)
+    for i in ids:
+        out[(checks[i] or RequeueCheck.NOT_DEAD).value].append(i)
+    return out

@@ -1,0 +1,48 @@
+"""One event's page: every field, every call made for it, the audit entries touching it;
+and finding an event by its id or idempotency key."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine, select
+
+from ..db import reading
+from ..outbox.sql import ATTEMPTS, AUDIT, AUDIT_EVENTS, TENANTS, T, row_dict
+
+
+@dataclass(frozen=True)
+class EventDetail:
+    event: dict[str, Any]
+    attempts: list[dict[str, Any]]
+    audit: list[dict[str, Any]]
+    tenant: dict[str, Any] | None
+
+
+def event_detail(engine: Engine, event_id: int) -> EventDetail | None:
+    """Every field of an event, every call made for it, and the audit entries touching it;
+    None when there is no such event."""
+    with reading(engine) as conn:
+        row = conn.execute(select(T).where(T.c.id == event_id)).first()
+        if row is None:
+            return None
+        attempts = [row_dict(r) for r in conn.execute(
+            select(ATTEMPTS).where(ATTEMPTS.c.event_id == event_id)
+            .order_by(ATTEMPTS.c.attempted_at.desc(), ATTEMPTS.c.id.desc()))]
+        audit = [row_dict(r) for r in conn.execute(
+            select(AUDIT).join(AUDIT_EVENTS, AUDIT_EVENTS.c.audit_id == AUDIT.c.id)
+            .where(AUDIT_EVENTS.c.event_id == event_id).order_by(AUDIT.c.id.desc()))]
+        tenant = conn.execute(select(TENANTS).where(TENANTS.c.tenant_id == row.tenant_id)).first()
+    return EventDetail(row_dict(row), attempts, audit, row_dict(tenant) if tenant else None)
+
+
+def find_event(engine: Engine, q: str) -> int | None:
+    """The id of the event whose id or idempotency key is ``q``, if any."""
+    with reading(engine) as conn:
+        if q.isdigit() and len(q) <= 18:
+            found = conn.execute(select(T.c.id).where(T.c.id == int(q))).scalar()
+            if found is not None:
+                return int(found)
+        found = conn.execute(select(T.c.id).where(T.c.idempotency_key == q)).scalar()
+    return None if found is None else int(found)

@@ -1,0 +1,178 @@
+"""The Overview page: counts, throughput, failure rate, the sending switch, and the alerts
+that say what needs a person."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import Connection, Engine, func, literal, select
+
+from ..db import reading
+from ..outbox.control import PauseState
+from ..outbox.sql import ATTEMPTS, T, epoch_bucket, status_is
+from .counts import (
+    WAITING,
+    UnmappedTenant,
+    age_limits,
+    oldest_waiting,
+    sending_state,
+    status_counts,
+    unmapped_tenants,
+)
+
+OLDEST_PENDING_ALERT = timedelta(minutes=15)
+
+
+@dataclass(frozen=True)
+class Bucket:
+    start: datetime
+    count: int
+
+
+@dataclass(frozen=True)
+class Alert:
+    level: str            # "critical" | "warning" | "info"
+    title: str
+    detail: str
+    link: str | None = None       # a page's endpoint name
+    params: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AttemptRates:
+    total: int
+    failed: int
+    by_outcome: dict[str, int]
+
+    @property
+    def failure_rate(self) -> float | None:
+        return self.failed / self.total if self.total else None
+
+
+@dataclass(frozen=True)
+class Overview:
+    now: datetime
+    counts: dict[str, int]
+    oldest_waiting_at: datetime | None
+    per_minute: list[Bucket]
+    per_hour: list[Bucket]
+    attempts_hour: AttemptRates
+    attempts_day: AttemptRates
+    sending: PauseState
+    dead_last_day: int
+    near_limit: int
+    over_limit: int
+    unmapped: list[UnmappedTenant]
+    alerts: list[Alert] = field(default_factory=list)
+
+    @property
+    def oldest_waiting_age(self) -> float | None:
+        if self.oldest_waiting_at is None:
+            return None
+        return max(0.0, (self.now - self.oldest_waiting_at).total_seconds())
+
+    @property
+    def waiting(self) -> int:
+        return sum(self.counts[s] for s in WAITING)
+
+    @property
+    def sent_last_hour(self) -> int:
+        return sum(b.count for b in self.per_minute)
+
+    @property
+    def sent_last_day(self) -> int:
+        return sum(b.count for b in self.per_hour)
+
+
+def overview(engine: Engine, *, now: datetime, stripe_mode: str = "test",
+             oldest_alert: timedelta = OLDEST_PENDING_ALERT) -> Overview:
+    """Everything on the overview page, read in one snapshot."""
+    with reading(engine) as conn:
+        counts = status_counts(conn)
+        oldest = oldest_waiting(conn)
+        per_minute = _sent_buckets(conn, now, 60, 60)
+        per_hour = _sent_buckets(conn, now, 3600, 24)
+        hour = attempt_rates(conn, since=now - timedelta(hours=1))
+        day = attempt_rates(conn, since=now - timedelta(days=1))
+        sending = sending_state(conn)
+        dead_day = int(conn.execute(select(func.count()).where(
+            status_is("dead"), T.c.dead_at >= now - timedelta(days=1))).scalar_one())
+        near, over = age_limits(conn, now)
+        unmapped = unmapped_tenants(conn)
+    ov = Overview(now, counts, oldest, per_minute, per_hour, hour, day, sending, dead_day,
+                  near, over, unmapped)
+    ov.alerts.extend(_alerts(ov, stripe_mode, oldest_alert))
+    return ov
+
+
+def _sent_buckets(conn: Connection, now: datetime, seconds: int, count: int) -> list[Bucket]:
+    """Sent events per ``seconds``-long bucket, the last ``count`` buckets up to now
+    (a range scan of ``ix_outbox_sent_at``), zero-filled."""
+    last = math.floor(now.timestamp() / seconds)
+    first = last - count + 1
+    since = datetime.fromtimestamp(first * seconds, UTC)
+    inner = (select(epoch_bucket(T.c.sent_at, literal(seconds)).label("b"))
+             .where(status_is("sent"), T.c.sent_at >= since).subquery())
+    got = {int(b): int(n) for b, n in conn.execute(
+        select(inner.c.b, func.count()).group_by(inner.c.b))}
+    return [Bucket(datetime.fromtimestamp(k * seconds, UTC), got.get(k, 0))
+            for k in range(first, last + 1)]
+
+
+def attempt_rates(conn: Connection, *, since: datetime) -> AttemptRates:
+    """Calls to Stripe since ``since`` by outcome (``ix_attempts_recent``)."""
+    by = {o: int(n) for o, n in conn.execute(
+        select(ATTEMPTS.c.outcome, func.count()).where(ATTEMPTS.c.attempted_at >= since)
+        .group_by(ATTEMPTS.c.outcome))}
+    total = sum(by.values())
+    return AttemptRates(total, total - by.get("delivered", 0), by)
+
+
+def _alerts(ov: Overview, stripe_mode: str, oldest_alert: timedelta) -> list[Alert]:
+    alerts: list[Alert] = []
+    if stripe_mode == "none":
+        alerts.append(Alert("critical", "Nothing is being sent",
+                            "STRIPE_API_KEY is not set: events stay queued until it is."))
+    if ov.sending.paused:
+        alerts.append(Alert("critical", "Sending is paused",
+                            ov.sending.reason or "paused", None))
+    if ov.counts["dead"]:
+        alerts.append(Alert(
+            "critical" if ov.dead_last_day else "warning",
+            f"{ov.counts['dead']:,} dead letter{'s' if ov.counts['dead'] != 1 else ''}",
+            f"{ov.dead_last_day:,} new in the last 24 h",
+            "dead_letters.index"))
+    age = ov.oldest_waiting_age
+    if age is not None and age > oldest_alert.total_seconds():
+        alerts.append(Alert("warning", "Events are waiting too long",
+                            f"the oldest waiting event was enqueued {_human(age)} ago "
+                            f"(threshold {_human(oldest_alert.total_seconds())})",
+                            "dashboard.retries"))
+    if ov.over_limit:
+        alerts.append(Alert("critical", f"{ov.over_limit:,} events past Stripe's 35-day limit",
+                            "Stripe will reject them: bill them by hand and resolve them.",
+                            "dead_letters.index", {"age": "near_limit"}))
+    if ov.near_limit:
+        alerts.append(Alert("warning",
+                            f"{ov.near_limit:,} events within 7 days of the 35-day limit",
+                            "unsent events that Stripe will reject once 35 days old",
+                            "dead_letters.index", {"age": "near_limit"}))
+    if ov.unmapped:
+        names = ", ".join(u.tenant_id for u in ov.unmapped[:5])
+        more = f" and {len(ov.unmapped) - 5} more" if len(ov.unmapped) > 5 else ""
+        alerts.append(Alert("warning",
+                            f"{len(ov.unmapped)} tenant{'s' if len(ov.unmapped) != 1 else ''} "
+                            "without a Stripe customer "
+                            f"{'have' if len(ov.unmapped) != 1 else 'has'} waiting events",
+                            f"{names}{more}: map them to start sending", "tenants.index"))
+    return alerts
+
+
+def _human(seconds: float) -> str:
+    seconds = int(seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds // size} {unit}"
+    return f"{seconds} s"

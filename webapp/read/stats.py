@@ -1,0 +1,44 @@
+"""What ``billing-outbox stats`` prints (the contract's ``stats --json``)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import Engine, func, select, text
+
+from ..db import reading
+from ..models import IN_FLIGHT_SQL, WAITING_IDLE_SQL
+from ..outbox.control import pause_state
+from ..outbox.sql import TENANTS, T, as_utc
+from ..outbox.states import ALL_STATUSES, Status
+
+
+def stats(engine: Engine, *, now: datetime) -> dict[str, object]:
+    """Counts by status (every row counted), the oldest waiting event's age, the sending
+    switch and how many events wait for a customer mapping."""
+    with reading(engine) as conn:
+        counts = dict.fromkeys(ALL_STATUSES, 0)
+        for status, n in conn.execute(select(T.c.status, func.count()).group_by(T.c.status)):
+            counts[status] = int(n)
+        # Waiting: pending or retrying (ix_outbox_waiting_created's predicate), or in flight
+        # (ix_outbox_processing_deadline); literal predicates, so each finds its index.
+        found = [as_utc(conn.execute(select(func.min(T.c.created_at)).where(text(where)))
+                        .scalar()) for where in (WAITING_IDLE_SQL, IN_FLIGHT_SQL)]
+        oldest = min((at for at in found if at is not None), default=None)
+        unmapped = conn.execute(
+            select(func.count()).select_from(T)
+            .where(T.c.status.in_([Status.PENDING.value, Status.RETRYING.value]),
+                   T.c.stripe_customer_id.is_(None),
+                   ~select(TENANTS.c.tenant_id).where(
+                       TENANTS.c.tenant_id == T.c.tenant_id,
+                       TENANTS.c.stripe_customer_id.is_not(None)).exists())).scalar_one()
+        switch = pause_state(conn)
+    return {
+        "counts": counts,
+        "oldest_pending_age_seconds": (round((now - oldest).total_seconds(), 3)
+                                       if oldest is not None else None),
+        "paused": switch.paused,
+        "pause_reason": switch.reason,
+        "pause_kind": switch.kind,
+        "waiting_for_customer_mapping": int(unmapped),
+    }

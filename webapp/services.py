@@ -1,0 +1,50 @@
+"""The typed bag of collaborators that :func:`webapp.create_app` builds, one per app: views,
+commands and the scheduler take what they need from it, so tests can hand in their own
+(an engine, settings, a clock). Nothing here starts anything."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from flask import Flask
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from .config import Settings
+from .models import utcnow
+from .worker import Drainer, Scheduled, services_for
+
+#: The key of ``app.extensions`` that holds the app's :class:`Services`.
+EXTENSION = "billing_outbox"
+
+
+@dataclass
+class Services:
+    """What the views, commands and scheduler share."""
+
+    settings: Settings
+    engine: Engine
+    sessions: sessionmaker[Session]
+    clock: Callable[[], datetime] = utcnow
+    #: Stops the in-app scheduler and its drainer (set when it runs).
+    stop_scheduler: Callable[[], None] | None = None
+    _drainer: Drainer | None = field(default=None, repr=False)
+
+    def drainer(self) -> Drainer:
+        """The process's drainer, built on first use."""
+        if self._drainer is None:
+            self._drainer = Drainer(self.engine, self.settings, clock=self.clock)
+        return self._drainer
+
+    def maintenance(self) -> list[Scheduled]:
+        """The maintenance services (rescuer, rollup folder) with their cadence."""
+        return services_for(self.engine, self.settings, clock=self.clock)
+
+
+def services_of(app: Flask) -> Services:
+    """The app's services (built by ``create_app``)."""
+    svc = app.extensions[EXTENSION]
+    assert isinstance(svc, Services)
+    return svc

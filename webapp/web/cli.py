@@ -1,0 +1,336 @@
+"""``billing-outbox``: thin commands over the core (a Flask command group).
+
+``flask --app webapp <command>`` is equivalent. Every command exits 0 on success and
+otherwise prints one line on stderr and exits non-zero (1: refused or failed, 2: bad usage or
+configuration).
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import signal
+import sys
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, NoReturn
+
+import click
+from flask import Flask, current_app
+from flask.cli import FlaskGroup
+from sqlalchemy.exc import OperationalError, ProgrammingError
+
+from ..config import ConfigError
+from ..models import utcnow
+from ..services import Services, services_of
+
+
+class CommandError(click.ClickException):
+    """A refusal or failure: one line on stderr, exit 1."""
+
+    exit_code = 1
+
+
+def _svc() -> Services:
+    return services_of(current_app)
+
+
+def _actor() -> str:
+    try:
+        return f"cli:{getpass.getuser()}"
+    except Exception:  # noqa: BLE001 - no login name in some containers
+        return f"cli:uid{os.getuid()}"
+
+
+def _parse_time(value: str) -> datetime:
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise click.BadParameter(f"not an ISO 8601 time: {value!r}") from None
+    if parsed.tzinfo is None:
+        raise click.BadParameter("needs a time zone, e.g. 2026-01-31T12:00:00Z")
+    return parsed
+
+
+# -- commands -------------------------------------------------------------------------------------
+
+@click.group("db")
+def db_group() -> None:
+    """Database schema."""
+
+
+@db_group.command("upgrade")
+def db_upgrade() -> None:
+    """Migrate the database to the newest schema (safe to run twice)."""
+    from ..migrate import current_revision, upgrade
+
+    upgrade(_svc().engine)
+    click.echo(f"database at revision {current_revision(_svc().engine)}")
+
+
+@click.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--workers", default=2, show_default=True, type=click.IntRange(1, 64))
+def serve(host: str, port: int, workers: int) -> NoReturn:
+    """Serve the dashboard with gunicorn; the drainer runs inside it."""
+    env = dict(os.environ)
+    env.pop("FLASK_RUN_FROM_CLI", None)
+    args = [sys.executable, "-m", "gunicorn", "--workers", str(workers), "--threads", "4",
+            "--bind", f"{host}:{port}", "--graceful-timeout", "30",
+            "--access-logfile", "-", "--no-control-socket", "webapp.wsgi:app"]
+    os.execve(sys.executable, args, env)  # noqa: S606 - fixed argv, no shell
+
+
+@click.command("worker")
+def worker() -> None:
+    """Drain in the foreground until SIGTERM/SIGINT; then finish or release what is held."""
+    drainer = _svc().drainer()
+    if drainer.gateway is None:
+        click.echo("STRIPE_API_KEY is not set: the worker will send nothing until it is.",
+                   err=True)
+
+    def stop(signum: int, _frame: object) -> None:
+        drainer.request_stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    from ..worker import Maintenance, freeze_startup_objects
+
+    maintenance = Maintenance(_svc().maintenance())
+    freeze_startup_objects()
+    maintenance.start()
+    try:
+        drainer.run()
+    finally:
+        maintenance.stop()
+
+
+@click.command("drain")
+@click.option("--once", is_flag=True, help="One pass (one batch); otherwise until nothing is due.")
+def drain(once: bool) -> None:
+    """Drain due events and print a JSON summary."""
+    from ..worker import Rescuer
+
+    drainer = _svc().drainer()
+    drainer.shards = False  # a one-off: it does not take a share from the running workers
+    try:
+        rescued = Rescuer(_svc().engine).run_once() if drainer.gateway is not None else 0
+        summary = drainer.drain_once()
+        summary.rescued = rescued
+        if not once:
+            total = summary.as_dict()
+            while summary.claimed and not summary.paused:
+                summary = drainer.drain_once()
+                for k, v in summary.as_dict().items():
+                    if isinstance(v, int) and not isinstance(v, bool):
+                        total[k] = int(total[k]) + v  # type: ignore[call-overload]
+            total.update(paused=summary.paused, pause_reason=summary.pause_reason,
+                         skipped=summary.skipped, breaker=summary.breaker)
+            click.echo(json.dumps(total))
+            return
+        click.echo(json.dumps(summary.as_dict()))
+    finally:
+        drainer.close()
+
+
+@click.command("stats")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def stats(as_json: bool) -> None:
+    """Counts by status, the oldest pending age, and whether sending is paused."""
+    from ..read.stats import stats as compute
+
+    data = compute(_svc().engine, now=utcnow())
+    if as_json:
+        click.echo(json.dumps(data))
+        return
+    for status, n in data["counts"].items():  # type: ignore[attr-defined]
+        click.echo(f"{status:>10}  {n}")
+    click.echo(f"oldest pending age: {data['oldest_pending_age_seconds']} s")
+    click.echo("sending: " + (f"PAUSED ({data['pause_reason']})" if data["paused"] else "running"))
+
+
+@click.group("tenants")
+def tenants() -> None:
+    """The tenant → Stripe customer mapping."""
+
+
+@tenants.command("set")
+@click.argument("tenant_id")
+@click.option("--stripe-customer", required=True, help="cus_…")
+@click.option("--name", default=None)
+def tenants_set(tenant_id: str, stripe_customer: str, name: str | None) -> None:
+    """Map TENANT_ID to a Stripe customer (its waiting events become sendable)."""
+    from ..outbox.operations import set_tenant
+
+    set_tenant(_svc().engine, tenant_id, stripe_customer_id=stripe_customer, name=name,
+               now=utcnow(), actor=_actor())
+    click.echo(f"{tenant_id} -> {stripe_customer}")
+
+
+@tenants.command("list")
+@click.option("--json", "as_json", is_flag=True)
+def tenants_list(as_json: bool) -> None:
+    """Every tenant and its Stripe customer."""
+    from ..db import reading
+    from ..read.tenants import tenants_list
+
+    with reading(_svc().engine) as conn:
+        rows = [{k: r[k] for k in ("tenant_id", "name", "stripe_customer_id")}
+                for r in tenants_list(conn)]
+    if as_json:
+        click.echo(json.dumps(rows))
+        return
+    for row in rows:
+        click.echo(f"{row['tenant_id']}\t{row['stripe_customer_id'] or '-'}\t{row['name'] or ''}")
+
+
+@click.group("users")
+def users() -> None:
+    """Dashboard users."""
+
+
+@users.command("create")
+@click.argument("email")
+@click.option("--role", required=True, type=click.Choice(["viewer", "operator", "admin"]))
+@click.option("--password-stdin", is_flag=True, help="Read the password from standard input.")
+def users_create(email: str, role: str, password_stdin: bool) -> None:
+    """Create a user; the password comes from a prompt or standard input."""
+    from ..users import create_user
+
+    if password_stdin:
+        password = sys.stdin.readline().rstrip("\r\n")
+    else:
+        password = click.prompt("Password", hide_input=True, confirmation_prompt=True)
+    create_user(_svc().engine, email, password, role, now=utcnow(), actor=_actor())
+    click.echo(f"created {email.strip().lower()} ({role})")
+
+
+@click.command("enqueue")
+@click.option("--tenant", required=True)
+@click.option("--quantity", required=True, type=int)
+@click.option("--key", required=True, help="The idempotency key (Stripe's identifier).")
+@click.option("--meter", default=None)
+@click.option("--occurred-at", default=None, help="ISO 8601 with a time zone; default now.")
+def enqueue(tenant: str, quantity: int, key: str, meter: str | None,
+            occurred_at: str | None) -> None:
+    """Enqueue one usage event (prints its id)."""
+    from sqlalchemy.orm import Session
+
+    from ..outbox import enqueue_usage
+
+    when = _parse_time(occurred_at) if occurred_at else None
+    with Session(_svc().engine) as db, db.begin():
+        row = enqueue_usage(db, tenant_id=tenant, quantity=quantity, idempotency_key=key,
+                            meter=meter or _svc().settings.stripe_meter_event_name,
+                            occurred_at=when)
+        click.echo(json.dumps({"id": row.id, "status": row.status, "key": row.idempotency_key}))
+
+
+@click.command("requeue")
+@click.argument("ids", nargs=-1, type=int, required=True)
+@click.option("--force", is_flag=True,
+              help="Also requeue events whose outcome is unknown past Stripe's 24-hour dedupe "
+                   "window. Stripe may already have them: check before forcing, or bill twice.")
+def requeue(ids: tuple[int, ...], force: bool) -> None:
+    """Send dead events again (a fresh attempt budget; same identifier and timestamp)."""
+    from ..outbox.operations import requeue as do_requeue
+
+    svc = _svc()
+    if force:
+        click.echo("warning: --force resends events Stripe may already have recorded; "
+                   "a resend outside its dedupe window bills twice.", err=True)
+    result = do_requeue(svc.engine, ids, actor=_actor(), now=utcnow(), force=force,
+                        window_seconds=svc.settings.dedupe_window_seconds)
+    click.echo(f"requeued {len(result.event_ids)} event(s)")
+
+
+@click.command("resolve")
+@click.argument("ids", nargs=-1, type=int, required=True)
+@click.option("--reason", required=True,
+              type=click.Choice(["billed_manually", "duplicate", "customer_churned",
+                                 "written_off", "other"]))
+@click.option("--note", required=True)
+def resolve(ids: tuple[int, ...], reason: str, note: str) -> None:
+    """Close dead events by hand, with a reason and a note (kept in history)."""
+    from ..outbox.operations import resolve as do_resolve
+
+    result = do_resolve(_svc().engine, ids, actor=_actor(), reason=reason, note=note,
+                        now=utcnow())
+    click.echo(f"resolved {len(result.event_ids)} event(s)")
+
+
+@click.command("pause")
+@click.option("--reason", default=None)
+def pause(reason: str | None) -> None:
+    """Stop sending, for every worker, until ``resume``."""
+    from ..outbox.operations import pause as do_pause
+
+    do_pause(_svc().engine, actor=_actor(), reason=reason, now=utcnow())
+    click.echo("sending paused")
+
+
+@click.command("resume")
+def resume() -> None:
+    """Restart sending."""
+    from ..outbox.operations import resume as do_resume
+
+    do_resume(_svc().engine, actor=_actor(), now=utcnow())
+    click.echo("sending resumed")
+
+
+COMMANDS: list[click.Command] = [db_group, serve, worker, drain, stats, tenants, users,
+                                 enqueue, requeue, resolve, pause, resume]
+
+
+def register_commands(app: Flask) -> None:
+    """Add the commands to ``app.cli`` (so ``flask --app webapp …`` has them too)."""
+    for command in COMMANDS:
+        app.cli.add_command(command)
+
+
+# -- entry point ----------------------------------------------------------------------------------
+
+def _known_error(exc: BaseException) -> str | None:
+    from ..outbox import IdempotencyConflict, InvalidUsage
+    from ..outbox.operations import OperationError
+    from ..users import UserError
+
+    if isinstance(exc, ConfigError | OperationError | InvalidUsage | IdempotencyConflict
+                  | UserError):
+        return str(exc)
+    if isinstance(exc, ProgrammingError | OperationalError):
+        text = str(exc.orig) if getattr(exc, "orig", None) is not None else str(exc)
+        first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+        if "no such table" in first or "does not exist" in first:
+            return (f"the database schema is missing or old ({first}); "
+                    "run: billing-outbox db upgrade")
+        return f"database error: {first}"
+    return None
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The ``billing-outbox`` console script."""
+    from ..app import create_app
+
+    group = FlaskGroup(name="billing-outbox", create_app=lambda: create_app(start_drainer=False),
+                       add_default_commands=False, add_version_option=False,
+                       load_dotenv=False, set_debug_flag=False,
+                       help="billing-outbox: usage to Stripe from a transactional outbox.")
+    run: Callable[..., Any] = group.main
+    try:
+        rv = run(args=argv, prog_name="billing-outbox", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("billing-outbox: aborted", err=True)
+        sys.exit(1)
+    except click.ClickException as exc:
+        click.echo(f"billing-outbox: {exc.format_message()}", err=True)
+        sys.exit(exc.exit_code)
+    except Exception as exc:  # noqa: BLE001 - mapped to one line below, or re-raised
+        message = _known_error(exc)
+        if message is None:
+            raise
+        click.echo(f"billing-outbox: {message}", err=True)
+        sys.exit(2 if isinstance(exc, ConfigError) else 1)
+    sys.exit(rv if isinstance(rv, int) else 0)

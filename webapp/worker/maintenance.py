@@ -1,0 +1,88 @@
+"""Runs the maintenance services (the rescuer, the rollup folder) on their cadence, in a
+thread of their own beside the ``worker`` command's drain loop. The in-app scheduler runs
+the same ``run_once()`` calls as APScheduler jobs instead (``webapp.web.scheduler``)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+from sqlalchemy import Engine
+
+from ..config import Settings
+from ..models import utcnow
+from . import folder, rescuer
+
+log = logging.getLogger(__name__)
+
+
+class Service(Protocol):
+    """A maintenance service: a name for the logs, and one unit of work."""
+
+    name: str
+
+    def run_once(self) -> object: ...
+
+
+@dataclass
+class Scheduled:
+    """A service and how often it runs."""
+
+    service: Service
+    every_seconds: float
+
+
+def services_for(engine: Engine, settings: Settings, *,
+                 clock: Callable[[], datetime] = utcnow) -> list[Scheduled]:
+    """The maintenance a draining process runs, with each service's cadence."""
+    return [Scheduled(rescuer.Rescuer(engine, clock=clock), rescuer.interval_seconds(settings)),
+            Scheduled(folder.RollupFolder(engine, settings, clock=clock),
+                      folder.INTERVAL_SECONDS)]
+
+
+class Maintenance:
+    """Calls each service's ``run_once()`` when due, until stopped. A failure is logged and
+    the service is tried again at its next turn."""
+
+    def __init__(self, scheduled: list[Scheduled], *,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.scheduled = scheduled
+        self.monotonic = monotonic
+        self.stopping = threading.Event()
+        self._due = [0.0] * len(scheduled)
+        self._thread: threading.Thread | None = None
+
+    def run_due(self) -> float:
+        """Run every service that is due; the seconds until the next one is."""
+        now = self.monotonic()
+        for i, s in enumerate(self.scheduled):
+            if now >= self._due[i]:
+                self._due[i] = now + s.every_seconds
+                try:
+                    s.service.run_once()
+                except Exception:
+                    log.exception("maintenance %s failed; trying again in %.0fs",
+                                  s.service.name, s.every_seconds)
+        return max(0.0, min(self._due) - self.monotonic()) if self._due else 60.0
+
+    def start(self) -> None:
+        """Run in a daemon thread until :meth:`stop`."""
+        self._thread = threading.Thread(target=self._loop, name="outbox-maintenance",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop after the service running now, if any."""
+        self.stopping.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def _loop(self) -> None:
+        while not self.stopping.is_set():
+            self.stopping.wait(self.run_due())
