@@ -10,6 +10,8 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine
 
+from .db import reading
+
 MIGRATIONS = Path(__file__).with_name("migrations")
 
 
@@ -38,7 +40,9 @@ def head_revision(engine: Engine) -> str | None:
 
 
 def current_revision(engine: Engine) -> str | None:
-    with engine.connect() as conn:
+    """The revision the database is at (None: no schema yet). A read: on SQLite it takes no
+    write lock (``db.reading``)."""
+    with reading(engine) as conn:
         return MigrationContext.configure(conn).get_current_revision()
 
 

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from webapp.db import make_engine
 from webapp.outbox import enqueue_usage
-from webapp.outbox.claims import claim_batch, release, rescue_expired
+from webapp.outbox.claims import claim_batch, claim_in, release, rescue_expired
 from webapp.outbox.record import record_outcomes
 
 from .helpers import (
@@ -153,6 +153,34 @@ def test_avoid_lanes_leaves_busy_lanes_queued(engine: Engine) -> None:
 
 
 # -- exclusive claims -----------------------------------------------------------------------------
+
+@pytest.mark.postgres
+def test_pg_two_open_claims_get_disjoint_rows_and_the_second_does_not_wait(
+        pg: Engine) -> None:
+    """Two claimers in two transactions open at the same time: while the first still holds
+    its rows (not committed), the second claims the next rows at once. The second runs with
+    a lock timeout, so a claim that waited for the first one's row locks — one without
+    ``SKIP LOCKED`` — fails here instead of passing slowly."""
+    map_tenant(pg, "acme", "cus_A")
+    map_tenant(pg, "globex", "cus_G")
+    ids = sorted(add(pg, 10, tenant="acme", prefix="a") + add(pg, 10, tenant="globex",
+                                                               prefix="g"))
+    with pg.connect() as first, pg.connect() as second:
+        first.begin()
+        one = claim_in(first, worker="w1", limit=8, now=at(1), claim_timeout_seconds=30)
+        second.begin()
+        second.execute(text("SET LOCAL lock_timeout = '1s'"))
+        two = claim_in(second, worker="w2", limit=8, now=at(1), claim_timeout_seconds=30)
+        mine, theirs = [e.id for e in one.events], [e.id for e in two.events]
+        assert mine == ids[:8]                  # the oldest due first
+        assert theirs == ids[8:16]              # the next ones: none of the first's
+        second.commit()
+        first.commit()
+    got = rows(pg)
+    assert {i for i, r in got.items() if r.claim_token == one.token} == set(mine)
+    assert {i for i, r in got.items() if r.claim_token == two.token} == set(theirs)
+    assert {i for i, r in got.items() if r.status == "pending"} == set(ids[16:])
+
 
 def test_two_concurrent_claimers_never_share_an_event(db_url: str) -> None:
     """Two threads, each with its own engine (real, separate connections), claim in lock-step

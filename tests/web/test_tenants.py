@@ -251,3 +251,15 @@ def test_usage_table_escapes_what_the_database_holds(client_as, seed, now) -> No
     assert href == (f"/tenants/%3Cimg%20src%3Dx%20onerror%3D%22alert%281%29%22%3E%26"
                     f"?from={start}&amp;to={now.date().isoformat()}")
     assert 'data-col="pending_quantity">7</td>' in cells
+
+
+def test_page_says_how_fresh_the_rollups_are(client_as, seed, engine, now) -> None:
+    """Page views never fold; the page says when the folder has not run for a while."""
+    seed.event(status="sent", sent_at=now - timedelta(hours=2))
+    client = client_as("viewer")
+    html = client.get("/tenants").get_data(as_text=True)
+    assert 'id="rollup-freshness"' in html and "has never been built" in html
+    assert rollups.fold(engine, now=now, margin=rollups.fold_margin(30))
+    html = client.get("/tenants").get_data(as_text=True)
+    assert 'id="rollup-freshness"' not in html
+    assert "sent totals summarised up to" in html

@@ -22,7 +22,6 @@ from flask.cli import FlaskGroup
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from ..config import ConfigError
-from ..models import utcnow
 from ..services import Services, services_of
 
 
@@ -141,7 +140,7 @@ def stats(as_json: bool) -> None:
     """Counts by status, the oldest pending age, and whether sending is paused."""
     from ..read.stats import stats as compute
 
-    data = compute(_svc().engine, now=utcnow())
+    data = compute(_svc().engine, now=_svc().clock())
     if as_json:
         click.echo(json.dumps(data))
         return
@@ -165,7 +164,7 @@ def tenants_set(tenant_id: str, stripe_customer: str, name: str | None) -> None:
     from ..outbox.operations import set_tenant
 
     set_tenant(_svc().engine, tenant_id, stripe_customer_id=stripe_customer, name=name,
-               now=utcnow(), actor=_actor())
+               now=_svc().clock(), actor=_actor())
     click.echo(f"{tenant_id} -> {stripe_customer}")
 
 
@@ -203,7 +202,7 @@ def users_create(email: str, role: str, password_stdin: bool) -> None:
         password = sys.stdin.readline().rstrip("\r\n")
     else:
         password = click.prompt("Password", hide_input=True, confirmation_prompt=True)
-    create_user(_svc().engine, email, password, role, now=utcnow(), actor=_actor())
+    create_user(_svc().engine, email, password, role, now=_svc().clock(), actor=_actor())
     click.echo(f"created {email.strip().lower()} ({role})")
 
 
@@ -241,7 +240,7 @@ def requeue(ids: tuple[int, ...], force: bool) -> None:
     if force:
         click.echo("warning: --force resends events Stripe may already have recorded; "
                    "a resend outside its dedupe window bills twice.", err=True)
-    result = do_requeue(svc.engine, ids, actor=_actor(), now=utcnow(), force=force,
+    result = do_requeue(svc.engine, ids, actor=_actor(), now=_svc().clock(), force=force,
                         window_seconds=svc.settings.dedupe_window_seconds)
     click.echo(f"requeued {len(result.event_ids)} event(s)")
 
@@ -257,7 +256,7 @@ def resolve(ids: tuple[int, ...], reason: str, note: str) -> None:
     from ..outbox.operations import resolve as do_resolve
 
     result = do_resolve(_svc().engine, ids, actor=_actor(), reason=reason, note=note,
-                        now=utcnow())
+                        now=_svc().clock())
     click.echo(f"resolved {len(result.event_ids)} event(s)")
 
 
@@ -267,7 +266,7 @@ def pause(reason: str | None) -> None:
     """Stop sending, for every worker, until ``resume``."""
     from ..outbox.operations import pause as do_pause
 
-    do_pause(_svc().engine, actor=_actor(), reason=reason, now=utcnow())
+    do_pause(_svc().engine, actor=_actor(), reason=reason, now=_svc().clock())
     click.echo("sending paused")
 
 
@@ -276,7 +275,7 @@ def resume() -> None:
     """Restart sending."""
     from ..outbox.operations import resume as do_resume
 
-    do_resume(_svc().engine, actor=_actor(), now=utcnow())
+    do_resume(_svc().engine, actor=_actor(), now=_svc().clock())
     click.echo("sending resumed")
 
 

@@ -94,6 +94,10 @@ def start_scheduler(svc: Services) -> BackgroundScheduler:
     scheduler.start()
 
     def shutdown() -> None:
+        """Stop the jobs (the running ones finish), then let go of lanes and the lock; once."""
+        atexit.unregister(shutdown)
+        if not scheduler.running:
+            return
         drainer.request_stop()
         scheduler.shutdown(wait=True)
         drainer.close()

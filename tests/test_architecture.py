@@ -1,0 +1,61 @@
+"""The layout's own rules that import-linter (``make lint``) does not express: nothing imports
+the package root back, every product module stays a readable size, and no test double ships
+in the product package."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "webapp"
+MODULES = sorted(p for p in PACKAGE.rglob("*.py") if "migrations" not in p.parts)
+MAX_LINES = 450
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def is_submodule(name: str) -> bool:
+    target = PACKAGE.parent.joinpath(*name.split("."))
+    return target.with_suffix(".py").exists() or (target / "__init__.py").exists()
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE.parent)))
+def test_no_module_imports_the_package_root(path: Path) -> None:
+    """``from webapp import X`` (or ``from .. import X`` up to it) with X not a module of its
+    own reaches into ``webapp/__init__``: the composition root must depend on everything,
+    never the other way round."""
+    if path == PACKAGE / "__init__.py":
+        return
+    here = module_name(path)
+    package = here if path.name == "__init__.py" else here.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            assert all(a.name != "webapp" for a in node.names), f"{here}: import webapp"
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + 1]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            if source != "webapp":
+                continue
+            for alias in node.names:
+                assert is_submodule(f"webapp.{alias.name}"), \
+                    f"{here} imports {alias.name!r} from the package root"
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE.parent)))
+def test_every_module_is_a_readable_size(path: Path) -> None:
+    lines = len(path.read_text().splitlines())
+    assert lines <= MAX_LINES, f"{path.name}: {lines} lines; split it into two rooms"
+
+
+def test_no_test_double_in_the_product() -> None:
+    offenders = [p for p in PACKAGE.rglob("*.py") if "fake" in p.name or "testing" in p.parts]
+    assert offenders == []

@@ -1,0 +1,27 @@
+"""The in-app scheduler only calls ``run_once``/``drain_once`` on a cadence: one job for the
+drain and one per maintenance service, and it stops cleanly."""
+
+from __future__ import annotations
+
+from conftest import make_settings
+from sqlalchemy import Engine
+
+from webapp.db import make_session_factory
+from webapp.services import Services
+from webapp.web.scheduler import start_scheduler
+
+
+def test_jobs_are_the_drain_and_each_maintenance_service(engine: Engine, db_url: str) -> None:
+    settings = make_settings(db_url, stripe_api_key=None, claim_timeout_seconds=40.0)
+    svc = Services(settings, engine, make_session_factory(engine))
+    scheduler = start_scheduler(svc)
+    try:
+        jobs = {job.id: job.trigger.interval.total_seconds() for job in scheduler.get_jobs()}
+        assert jobs == {"drain": settings.poll_interval_seconds, "rescue": 10.0, "fold": 60.0}
+    finally:
+        assert svc.stop_scheduler is not None
+        svc.stop_scheduler()
+    assert not scheduler.running
+    assert svc.drainer().stopping.is_set()
+
+
