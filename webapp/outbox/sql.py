@@ -9,8 +9,8 @@ timestamp, a UTC day) and a case-folding search are compiled per dialect below.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from datetime import UTC, datetime
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 from sqlalchemy import (
@@ -23,9 +23,12 @@ from sqlalchemy import (
     Text,
     any_,
     bindparam,
+    case,
     func,
     literal,
     literal_column,
+    not_,
+    or_,
     text,
 )
 from sqlalchemy import cast as sql_cast
@@ -46,7 +49,7 @@ from ..models import (
     Tenant,
     User,
 )
-from .states import ALL_STATUSES
+from .states import ALL_STATUSES, AnyOf, Condition, Equals, Not, OlderThan, StatusIn
 
 T = cast(Table, OutboxEvent.__table__)
 ATTEMPTS = cast(Table, DeliveryAttempt.__table__)
@@ -97,6 +100,35 @@ WAITING_IDLE = T.c.status.not_in([sql_str(s) for s in ("sent", "processing", "de
                                                         "resolved")])
 #: Events in flight: the predicate of ``ix_outbox_processing_deadline``.
 IN_FLIGHT = T.c.status == sql_str("processing")
+
+
+def condition_sql(cond: Condition, columns: Mapping[str, Any], *, now: datetime,
+                  window_seconds: float) -> ColumnElement[bool]:
+    """A rule's condition (``webapp.outbox.states``) as SQL over ``columns`` (field name ->
+    column): the same test :func:`webapp.outbox.states.holds` makes in Python."""
+    if isinstance(cond, StatusIn):
+        return cast(ColumnElement[bool], columns["status"].in_(cond.statuses))
+    if isinstance(cond, Equals):
+        return cast(ColumnElement[bool], columns[cond.field] == cond.value)
+    if isinstance(cond, OlderThan):
+        age = cond.age if cond.age is not None else timedelta(seconds=window_seconds)
+        column = columns[cond.field]
+        return cast(ColumnElement[bool], column < now - age if cond.strict
+                    else column <= now - age)
+    if isinstance(cond, AnyOf):
+        return or_(*[condition_sql(p, columns, now=now, window_seconds=window_seconds)
+                     for p in cond.parts])
+    assert isinstance(cond, Not)
+    return not_(condition_sql(cond.part, columns, now=now, window_seconds=window_seconds))
+
+
+def rule_sql(rule: Sequence[tuple[Condition, str]], otherwise: str,
+             columns: Mapping[str, Any], *, now: datetime,
+             window_seconds: float) -> ColumnElement[str]:
+    """A rule (``(condition, verdict)`` pairs, the first that holds wins) as one SQL CASE."""
+    return case(*[(condition_sql(c, columns, now=now, window_seconds=window_seconds),
+                   literal(str(verdict))) for c, verdict in rule],
+                else_=literal(otherwise))
 
 
 def id_in(conn: Connection, column: Any, ids: Sequence[int]) -> ColumnElement[bool]:

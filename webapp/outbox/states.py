@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
+from typing import Any
 
 #: Stripe refuses events whose timestamp is older than this …
 MAX_AGE = timedelta(days=35)
@@ -270,21 +272,88 @@ REQUEUE_REFUSALS = {
 }
 
 
+# -- rules as data: the same rule runs in Python (one event) and in SQL (a bulk preview) --
+
+@dataclass(frozen=True)
+class StatusIn:
+    """The event's status is one of ``statuses``."""
+
+    statuses: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Equals:
+    """``field`` holds exactly ``value`` (an empty field does not)."""
+
+    field: str
+    value: str
+
+
+@dataclass(frozen=True)
+class OlderThan:
+    """``field`` is set and lies ``age`` or more before now (``age`` None: the dedupe window
+    of the settings); ``strict``: more than ``age``."""
+
+    field: str
+    age: timedelta | None
+    strict: bool = False
+
+
+@dataclass(frozen=True)
+class AnyOf:
+    parts: tuple[Condition, ...]
+
+
+@dataclass(frozen=True)
+class Not:
+    """The opposite of ``part``; only over fields that are never empty (SQL's NULL is not
+    false)."""
+
+    part: Condition
+
+
+Condition = StatusIn | Equals | OlderThan | AnyOf | Not
+
+#: The requeue rule, as data: the first condition that holds gives the verdict, else ``OK``.
+#: ``TOO_OLD`` comes before ``FORCE``: no force makes Stripe accept a timestamp over 35 days
+#: old. ``webapp.outbox.sql.rule_sql`` compiles the same rule for a bulk preview.
+REQUEUE_RULE: tuple[tuple[Condition, RequeueCheck], ...] = (
+    (Not(StatusIn(tuple(e.source for e in EDGES if e.move is Move.REQUEUE))),
+     RequeueCheck.NOT_DEAD),
+    (OlderThan("occurred_at", REQUEUE_AGE_LIMIT, strict=True), RequeueCheck.TOO_OLD),
+    (AnyOf((Equals("dead_reason", DEAD_PAST_WINDOW), OlderThan("first_unknown_at", None))),
+     RequeueCheck.FORCE),
+)
+
+
+def holds(cond: Condition, row: Mapping[str, Any], *, now: datetime,
+          window_seconds: float) -> bool:
+    """Whether ``cond`` holds for ``row`` (field name -> value) at ``now``."""
+    if isinstance(cond, StatusIn):
+        return row["status"] in cond.statuses
+    if isinstance(cond, Equals):
+        return bool(row.get(cond.field) == cond.value)
+    if isinstance(cond, OlderThan):
+        value = row.get(cond.field)
+        age = cond.age if cond.age is not None else timedelta(seconds=window_seconds)
+        if value is None:
+            return False
+        return bool(value < now - age) if cond.strict else bool(value <= now - age)
+    if isinstance(cond, AnyOf):
+        return any(holds(p, row, now=now, window_seconds=window_seconds) for p in cond.parts)
+    assert isinstance(cond, Not)
+    return not holds(cond.part, row, now=now, window_seconds=window_seconds)
+
+
 def requeue_check(*, status: str, occurred_at: datetime, dead_reason: str | None,
                   first_unknown_at: datetime | None, now: datetime,
                   window_seconds: float) -> RequeueCheck:
-    """Whether a requeue may send this event again, and how.
-
-    ``TOO_OLD`` wins over ``FORCE``: no force makes Stripe accept a timestamp over 35 days old.
-    """
-    if not allowed(status, Move.REQUEUE):
-        return RequeueCheck.NOT_DEAD
-    if occurred_at < now - REQUEUE_AGE_LIMIT:
-        return RequeueCheck.TOO_OLD
-    if dead_reason == DEAD_PAST_WINDOW or (
-            first_unknown_at is not None
-            and now - first_unknown_at >= timedelta(seconds=window_seconds)):
-        return RequeueCheck.FORCE
+    """Whether a requeue may send this event again, and how (:data:`REQUEUE_RULE`)."""
+    row = {"status": status, "occurred_at": occurred_at, "dead_reason": dead_reason,
+           "first_unknown_at": first_unknown_at}
+    for cond, verdict in REQUEUE_RULE:
+        if holds(cond, row, now=now, window_seconds=window_seconds):
+            return verdict
     return RequeueCheck.OK
 
 

@@ -13,11 +13,12 @@ from sqlalchemy import Engine, case, func, literal, or_, select
 
 from ..db import reading
 from ..outbox.operations import requeue_checks
-from ..outbox.sql import T, as_utc, ascii_icontains, int_sum, status_is
+from ..outbox.sql import T, as_utc, ascii_icontains, int_sum, rule_sql, status_is
 from ..outbox.states import (
     DEAD_EXHAUSTED,
     DEAD_PAST_WINDOW,
     MAX_AGE,
+    REQUEUE_RULE,
     RequeueCheck,
     requeue_check,
 )
@@ -178,34 +179,32 @@ class RequeuePreview:
 
 def requeue_preview(engine: Engine, filters: DeadFilters, *, now: datetime,
                     window_seconds: float, cap: int = MAX_BULK) -> RequeuePreview:
-    """Snapshot the dead events matching ``filters`` (oldest deaths first, at most ``cap``).
-    Raises ``ValueError`` unless the filters select dead events."""
+    """Snapshot the dead events matching ``filters`` (oldest deaths first, at most ``cap``),
+    each sorted by the requeue rule compiled to SQL (:data:`REQUEUE_RULE`), so a preview of
+    thousands reads no timestamps into Python. Raises ``ValueError`` unless the filters
+    select dead events."""
     if filters.status != "dead":
         raise ValueError("only dead events can be requeued")
     near_cut = now - (MAX_AGE - NEAR_LIMIT)
-    stmt = (select(T.c.id, T.c.tenant_id, T.c.quantity, T.c.status, T.c.occurred_at,
-                   T.c.dead_reason, T.c.first_unknown_at)
+    verdict = rule_sql(REQUEUE_RULE, RequeueCheck.OK.value, dict(T.c.items()), now=now,
+                       window_seconds=window_seconds)
+    stmt = (select(T.c.id, T.c.tenant_id, T.c.quantity, verdict, T.c.occurred_at < near_cut)
             .where(*filters.conditions(now)).order_by(T.c.dead_at, T.c.id).limit(cap + 1))
     with reading(engine) as conn:
         rows = conn.execute(stmt).all()
-    capped = len(rows) > cap
-    by: dict[RequeueCheck, list[int]] = {c: [] for c in RequeueCheck}
+    by: dict[str, list[int]] = {c.value: [] for c in RequeueCheck}
     tenants: set[str] = set()
     units = force_units = near = 0
-    for r in rows[:cap]:
-        occurred = as_utc(r.occurred_at)
-        assert occurred is not None
-        check = requeue_check(status=r.status, occurred_at=occurred, dead_reason=r.dead_reason,
-                              first_unknown_at=as_utc(r.first_unknown_at), now=now,
-                              window_seconds=window_seconds)
-        by[check].append(int(r.id))
-        if check in (RequeueCheck.OK, RequeueCheck.FORCE):
-            tenants.add(r.tenant_id)
-            units += int(r.quantity)
-            force_units += int(r.quantity) if check is RequeueCheck.FORCE else 0
-            near += 1 if occurred < near_cut else 0
-    return RequeuePreview(len(rows), capped, by[RequeueCheck.OK], by[RequeueCheck.FORCE],
-                          by[RequeueCheck.TOO_OLD], near, len(tenants), units, force_units)
+    for ident, tenant, quantity, check, is_near in rows[:cap]:
+        by[check].append(int(ident))
+        if check in (RequeueCheck.OK.value, RequeueCheck.FORCE.value):
+            tenants.add(tenant)
+            units += int(quantity)
+            force_units += int(quantity) if check == RequeueCheck.FORCE.value else 0
+            near += 1 if is_near else 0
+    return RequeuePreview(len(rows), len(rows) > cap, by[RequeueCheck.OK.value],
+                          by[RequeueCheck.FORCE.value], by[RequeueCheck.TOO_OLD.value], near,
+                          len(tenants), units, force_units)
 
 
 def classify_for_requeue(engine: Engine, ids: Sequence[int], *, now: datetime,
