@@ -123,6 +123,7 @@ def test_accepts_event_and_records_it(fake: FakeStripe, client: Any) -> None:
             value="42",
             timestamp=int(NOW) - 60,
             received_at=NOW,
+            payload={"stripe_customer_id": "cus_A", "value": "42"},
         )
     }
     assert fake.accept_count() == 1
@@ -422,7 +423,7 @@ def test_auth_failure_switch_holds_until_cleared(fake: FakeStripe, client: Any) 
         (
             {"timestamp": int(NOW) + 600},
             "timestamp",
-            "timestamp_too_far_in_future",
+            "timestamp_in_future",
             "5 minutes",
         ),
         ({"value": "1234567890123456"}, "payload[value]", None, "15"),

@@ -1,0 +1,171 @@
+"""The fake Stripe after its 200, through the real SDK: meters and their pages, customers
+reported later, error reports and the v2 event API, summaries, adjustments and the dedupe
+window — each as STRIPE.md describes Stripe, since the product's tests rest on them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import stripe
+
+from support.fake_stripe import AsyncError, FakeStripe
+from support.test_fake_stripe import API_KEY, NOW, Clock, make_client, params, send
+
+DAY = 86400
+#: 00:00 UTC three days before the fake's clock.
+MIDNIGHT = int(NOW) // DAY * DAY - 3 * DAY
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock(NOW)
+
+
+@pytest.fixture
+def fake(clock: Clock) -> Iterator[FakeStripe]:
+    with FakeStripe(meters=("api_requests", "tokens"), clock=clock,
+                    customers=("cus_A", "cus_B"), dedupe_seconds=DAY) as f:
+        yield f
+
+
+@pytest.fixture
+def client(fake: FakeStripe) -> Iterator[Any]:
+    c = make_client(fake.base_url, API_KEY)
+    yield c
+    c._requestor._client.close()
+
+
+def summaries(client: Any, fake: FakeStripe, customer: str, start: int, end: int,
+              grouping: str, meter: str = "api_requests") -> list[tuple[int, float]]:
+    page = client.v1.billing.meters.event_summaries.list(
+        fake.meter_id(meter), params={"customer": customer, "start_time": start,
+                                      "end_time": end, "value_grouping_window": grouping})
+    return [(int(s.start_time), float(s.aggregated_value)) for s in page.auto_paging_iter()]
+
+
+def test_meters_are_listed_page_by_page_with_their_keys(fake: FakeStripe, client: Any) -> None:
+    fake.page_cap = 1
+    fake.add_meter("seats", customer_key="cust", value_key="n", formula="count",
+                   status="inactive")
+    meters = list(client.v1.billing.meters.list(params={"limit": 100}).auto_paging_iter())
+    names = [m.event_name for m in meters]
+    assert sorted(names[:2]) == ["api_requests", "tokens"] and names[2] == "seats"
+    seats = meters[-1]
+    assert (seats.status, seats.customer_mapping.event_payload_key,
+            seats.value_settings.event_payload_key, seats.default_aggregation.formula) == (
+        "inactive", "cust", "n", "count")
+
+
+def test_an_unknown_customer_gets_a_200_then_a_report_with_samples(
+        fake: FakeStripe, client: Any) -> None:
+    fake.sample_limit = 2
+    for i in range(3):
+        send(client, params(f"ghost-{i}", customer="cus_ghost"), f"k{i}")
+    send(client, params("fine", customer="cus_A"), "k-fine")
+    assert fake.accept_count() == 4                       # every call answered 200
+    [event_id] = fake.flush_reports()
+    full = client.v2.core.events.retrieve(event_id).to_dict()
+    reason = full["data"]["reason"]
+    assert reason["error_count"] == 3
+    [group] = reason["error_types"]
+    assert group["code"] == "meter_event_customer_not_found"
+    assert group["error_count"] == 3 and len(group["sample_errors"]) == 2   # samples only
+    assert {s["request"]["identifier"] for s in group["sample_errors"]} <= {
+        "ghost-0", "ghost-1", "ghost-2"}
+    assert full["related_object"]["type"] == "billing.meter"
+    # The invalid events never count; the valid one does.
+    day = int(NOW) // DAY * DAY
+    assert summaries(client, fake, "cus_A", day - DAY, day + DAY, "day") == [(day, 3.0)]
+    assert summaries(client, fake, "cus_ghost", day - DAY, day + DAY, "day") == []
+
+
+def test_events_are_listed_page_by_page_filtered_and_in_either_order(
+        fake: FakeStripe, client: Any) -> None:
+    fake.page_cap = 2
+    ids = [fake.report_errors([AsyncError("api_requests", "meter_event_no_customer_defined",
+                                          "missing", f"e{i}")], created_ago=100 - i * 10)
+           for i in range(5)]
+    old = fake.report_errors([AsyncError("api_requests", "x", "old", "e-old")],
+                             created_ago=3600)
+
+    def listed(**extra: Any) -> list[str]:
+        p = {"types": ["v1.billing.meter.error_report_triggered"], **extra}
+        return [e.id for e in client.v2.core.events.list(params=p).auto_paging_iter()]
+
+    assert listed() == [old, *ids]
+    since = "2027-01-15T07:58:40Z"          # NOW - 80 s, RFC 3339
+    assert listed(created={"gte": since}) == ids[2:]
+    fake.events_newest_first = True
+    assert listed(created={"gte": since}) == list(reversed(ids[2:]))
+    with pytest.raises(stripe.InvalidRequestError):
+        client.v2.core.events.retrieve("evt_nope")
+
+
+def test_summaries_by_day_and_hour_align_count_and_paginate(
+        fake: FakeStripe, client: Any, clock: Clock) -> None:
+    for i, (offset, value) in enumerate([(3600, 2), (3600 + 60, 5), (DAY + 7200, 4)]):
+        send(client, params(f"s{i}", value=str(value), timestamp=MIDNIGHT + offset), f"ks{i}")
+    fake.add_usage("cus_A", "api_requests", MIDNIGHT + 2 * DAY + 60, 10)   # another system
+    fake.page_cap = 2
+    by_day = summaries(client, fake, "cus_A", MIDNIGHT, MIDNIGHT + 3 * DAY, "day")
+    assert by_day == [(MIDNIGHT, 7.0), (MIDNIGHT + DAY, 4.0), (MIDNIGHT + 2 * DAY, 10.0)]
+    by_hour = summaries(client, fake, "cus_A", MIDNIGHT, MIDNIGHT + 3 * 3600, "hour")
+    assert by_hour == [(MIDNIGHT + 3600, 7.0)]
+    assert summaries(client, fake, "cus_B", MIDNIGHT, MIDNIGHT + DAY, "day") == []
+    # Day windows must start at 00:00 UTC; hour windows on the hour; minutes at least.
+    for start, grouping in ((MIDNIGHT + 3600, "day"), (MIDNIGHT + 60, "hour")):
+        with pytest.raises(stripe.InvalidRequestError):
+            summaries(client, fake, "cus_A", start, start + DAY, grouping)
+    # A count meter counts events, not units.
+    fake.add_meter("seats", formula="count")
+    send(client, {**params("c1", timestamp=MIDNIGHT + 60), "event_name": "seats"}, "kc1")
+    send(client, {**params("c2", timestamp=MIDNIGHT + 120), "event_name": "seats"}, "kc2")
+    assert summaries(client, fake, "cus_A", MIDNIGHT, MIDNIGHT + DAY, "day", "seats") == [
+        (MIDNIGHT, 2.0)]
+    # Eventually consistent: with a delay, what was just received is not counted yet.
+    clock.now += 60
+    fake.summary_delay = 30
+    send(client, params("late", value="100", timestamp=MIDNIGHT + 600), "k-late")
+    assert summaries(client, fake, "cus_A", MIDNIGHT, MIDNIGHT + DAY, "day") == [
+        (MIDNIGHT, 7.0)]
+    clock.now += 31
+    assert summaries(client, fake, "cus_A", MIDNIGHT, MIDNIGHT + DAY, "day") == [
+        (MIDNIGHT, 107.0)]
+
+
+def test_adjustments_cancel_within_24_hours_only(fake: FakeStripe, client: Any,
+                                                 clock: Clock) -> None:
+    send(client, params("a1", value="5", timestamp=MIDNIGHT + 60), "ka1")
+    send(client, params("a2", value="3", timestamp=MIDNIGHT + 120), "ka2")
+
+    def cancel(identifier: str) -> Any:
+        return client.v1.billing.meter_event_adjustments.create(params={
+            "event_name": "api_requests", "type": "cancel", "cancel": {"identifier": identifier}})
+
+    adjustment = cancel("a1")
+    assert (adjustment.status, adjustment.cancel.identifier) == ("pending", "a1")
+    assert summaries(client, fake, "cus_A", MIDNIGHT, MIDNIGHT + DAY, "day") == [
+        (MIDNIGHT, 3.0)]
+    clock.now += DAY + 1
+    with pytest.raises(stripe.InvalidRequestError, match="24 hours"):
+        cancel("a2")
+    with pytest.raises(stripe.InvalidRequestError) as exc:
+        cancel("never-sent")
+    assert exc.value.code == "resource_missing"
+    assert summaries(client, fake, "cus_A", MIDNIGHT, MIDNIGHT + DAY, "day") == [
+        (MIDNIGHT, 3.0)]                                # a2 still counts
+
+
+def test_an_identifier_is_deduplicated_only_for_the_window(
+        fake: FakeStripe, client: Any, clock: Clock) -> None:
+    send(client, params("d1", timestamp=int(NOW) - 60), "kd1")
+    with pytest.raises(stripe.InvalidRequestError):
+        send(client, params("d1", timestamp=int(NOW) - 60), "kd1-again")
+    assert fake.duplicate_identifier_rejections() == 1
+    clock.now += DAY                                     # the dedupe window has passed
+    send(client, params("d1", timestamp=int(NOW) - 60), "kd1-later")
+    assert [e.identifier for e in fake.also_accepted()] == ["d1"]   # Stripe counts it twice
+    day = int(NOW) // DAY * DAY
+    assert summaries(client, fake, "cus_A", day - DAY, day + DAY, "day") == [(day, 6.0)]
