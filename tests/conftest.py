@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import time
@@ -189,6 +190,19 @@ def start_worker(env: dict[str, str], log_path: Path | None = None) -> subproces
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
     return subprocess.Popen([sys.executable, "-m", "webapp", "worker"], env=env, cwd=ROOT,
                             stdout=out, stderr=subprocess.STDOUT)
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout: float = 40) -> int | None:
+    """SIGTERM, then wait for a clean exit; killed if it does not come. The exit code (a
+    killed process's is negative)."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    return proc.returncode
 
 
 def wait_for(predicate: Any, timeout: float, interval: float = 0.1, message: str = "") -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import stripe
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
@@ -62,3 +64,44 @@ def test_the_sdk_client_telemetry_header_is_not_sent(fake_stripe: Any) -> None:
         assert result.http_status == 200
     log = fake_stripe.request_log()
     assert len(log) == 3 and not any(entry["client_telemetry"] for entry in log)
+
+
+# -- classifying Stripe's errors (stripe-python 16.1) -----------------------------------------
+
+def _error(cls: type, status: int, code: str | None, message: str = "x") -> Any:
+
+    body = {"error": {"type": "invalid_request_error", "message": message,
+                      **({"code": code} if code else {})}}
+    if cls is stripe.InvalidRequestError:  # (message, param, code, body, status, json, headers)
+        return cls(message, None, code, json.dumps(body), status, body, {"Request-Id": "r"})
+    return cls(message, json.dumps(body), status, body, {"Request-Id": "req_1"})
+
+
+def test_the_code_is_read_from_the_error_object() -> None:
+    """``exc.code`` is filled only for invalid-request errors; Stripe's code of a 429 (and of
+    409, 401…) is on ``exc.error.code``."""
+    from webapp.stripe_gateway import classify_error
+
+    limited = classify_error(_error(stripe.RateLimitError, 429, "rate_limit"))
+    assert (limited.outcome.value, limited.error_code) == ("not_executed", "rate_limit")
+    in_use = classify_error(_error(stripe.APIError, 409, "idempotency_key_in_use"))
+    assert (in_use.outcome.value, in_use.error_code) == ("not_executed",
+                                                         "idempotency_key_in_use")
+
+
+def test_a_rate_limit_answered_with_a_400_is_not_executed() -> None:
+    from webapp.stripe_gateway import classify_error
+
+    for exc in (_error(stripe.RateLimitError, 400, "rate_limit"),
+                _error(stripe.InvalidRequestError, 400, "rate_limit")):
+        assert classify_error(exc).outcome.value == "not_executed"
+    other = classify_error(_error(stripe.InvalidRequestError, 400, "parameter_invalid_integer"))
+    assert other.outcome.value == "permanent"
+
+
+def test_no_such_meter_is_a_missing_meter_not_a_dead_event() -> None:
+    from webapp.stripe_gateway import classify_error
+
+    exc = _error(stripe.InvalidRequestError, 400, None,
+                 "No active meter was found for event_name 'x'.")
+    assert classify_error(exc).outcome.value == "meter_missing"

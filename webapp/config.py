@@ -32,8 +32,8 @@ class Settings:
     """Validated configuration. Build it with :meth:`from_env`; tests use :meth:`with_overrides`."""
 
     database_url: str
-    secret_key: str | None = None
-    stripe_api_key: str | None = None
+    secret_key: str | None = field(default=None, repr=False)
+    stripe_api_key: str | None = field(default=None, repr=False)
     stripe_api_base: str = STRIPE_API_BASE_DEFAULT
     stripe_meter_event_name: str = "api_requests"
     stripe_timeout_seconds: float = 10.0
@@ -47,6 +47,11 @@ class Settings:
     concurrency: int = 8
     dedupe_window_seconds: float = 23 * 3600.0
     drainer_enabled: bool = True
+    stripe_webhook_secret: str | None = field(default=None, repr=False)
+    events_poll_seconds: float = 60.0
+    meters_refresh_seconds: float = 300.0
+    reconcile_interval_seconds: float = 86400.0
+    reconcile_settle_seconds: float = 3600.0
     log_format: str = "text"
     log_level: str = "INFO"
     testing: bool = False
@@ -113,6 +118,15 @@ class Settings:
             dedupe_window_seconds=_number(env, "OUTBOX_DEDUPE_WINDOW", 23 * 3600.0, low=60.0,
                                           high=24 * 3600.0, unit_suffixes=True),
             drainer_enabled=_boolean(env, "DRAINER_ENABLED", True),
+            stripe_webhook_secret=_webhook_secret(env.get("STRIPE_WEBHOOK_SECRET")),
+            events_poll_seconds=_number(env, "STRIPE_EVENTS_POLL_SECONDS", 60.0, low=1.0,
+                                        high=86_400),
+            meters_refresh_seconds=_number(env, "STRIPE_METERS_REFRESH_SECONDS", 300.0,
+                                           low=5.0, high=86_400),
+            reconcile_interval_seconds=_number(env, "RECONCILE_INTERVAL_SECONDS", 86400.0,
+                                               low=0.0, high=30 * 86_400),
+            reconcile_settle_seconds=_number(env, "RECONCILE_SETTLE_SECONDS", 3600.0,
+                                             low=0.0, high=7 * 86_400),
             log_format=_choice(env, "LOG_FORMAT", "text", ("text", "json")),
             log_level=_choice(env, "LOG_LEVEL", "INFO",
                               ("DEBUG", "INFO", "WARNING", "ERROR"), upper=True),
@@ -179,6 +193,16 @@ def _api_key(raw: str | None) -> str | None:
     if not key.startswith(("sk_", "rk_")):
         raise ConfigError("STRIPE_API_KEY must be a secret (sk_…) or restricted (rk_…) key")
     return key
+
+
+def _webhook_secret(raw: str | None) -> str | None:
+    if not raw:
+        return None
+    secret = raw.strip()
+    if not secret.startswith("whsec_") or len(secret) < 16:
+        raise ConfigError("STRIPE_WEBHOOK_SECRET must be the signing secret Stripe showed when "
+                          "the event destination was created (whsec_…)")
+    return secret
 
 
 def _url(name: str, raw: str | None, default: str) -> str:

@@ -14,7 +14,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from .config import Settings
 from .models import utcnow
-from .worker import Drainer, Scheduled, services_for
+from .stripe_gateway import StripeGateway
+from .worker import Drainer, Scheduled, gateway_from, services_for
 
 #: The key of ``app.extensions`` that holds the app's :class:`Services`.
 EXTENSION = "billing_outbox"
@@ -31,12 +32,20 @@ class Services:
     #: Stops the in-app scheduler and its drainer (set when it runs).
     stop_scheduler: Callable[[], None] | None = None
     _drainer: Drainer | None = field(default=None, repr=False)
+    _gateway: StripeGateway | None = field(default=None, repr=False)
+    _gateway_made: bool = field(default=False, repr=False)
 
     def drainer(self) -> Drainer:
         """The process's drainer, built on first use."""
         if self._drainer is None:
             self._drainer = Drainer(self.engine, self.settings, clock=self.clock)
         return self._drainer
+
+    def gateway(self) -> StripeGateway | None:
+        """The process's Stripe gateway for the dashboard's calls (None without a key)."""
+        if not self._gateway_made:
+            self._gateway, self._gateway_made = gateway_from(self.settings), True
+        return self._gateway
 
     def maintenance(self) -> list[Scheduled]:
         """The maintenance services (rescuer, rollup folder) with their cadence."""

@@ -53,7 +53,7 @@ PASSWORD = "correct-horse-battery-staple"
 ADMIN = "ops-admin@example.com"
 VIEWER = "finance-viewer@example.com"
 OPERATOR = "support-operator@example.com"
-BAD_METER = "no_such_meter"  # unknown to the fake until we add it: a permanent 400 → dead
+BAD_METER = "api_requests"   # the dead ones meet a permanent 400 (a fault aimed at them)
 N_GOOD = 24                  # sent at 5/s, so sending lasts ~5 s: longer than the first poll
 N_DEAD = 3
 N_UNMAPPED = 2               # a tenant without a Stripe customer: these wait
@@ -160,6 +160,8 @@ def browser_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 unmapped.append(enqueue_usage(
                     db, tenant_id="initech", quantity=7, idempotency_key=f"browser-wait-{i}",
                     occurred_at=now - timedelta(hours=1)).id)
+        for i in range(N_DEAD):
+            fake.fail_for(f"browser-dead-{i}", "400")
         # Two 503s: a couple of retries for the retries page.
         fake.fail_next("503", 2)
 
@@ -167,7 +169,7 @@ def browser_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         # the page's first 5-second poll comes.
         # Batches of four, so the count climbs in steps rather than in one jump.
         env = worker_env(db_url, fake.base_url, STRIPE_MAX_REQUESTS_PER_SECOND="5",
-                         OUTBOX_BATCH_SIZE="4")
+                         OUTBOX_BATCH_SIZE="4", STRIPE_EVENTS_POLL_SECONDS="1")
         paused = cli("pause", "--reason", PAUSE_REASON, env=env)
         assert paused.returncode == 0, paused.stderr
 
@@ -409,8 +411,8 @@ def test_requeue_a_dead_event_from_the_dead_letters_page(admin: Visitor,
     wait_for(lambda: stack.count("dead") == N_DEAD, 30, message="the bad-meter events are dead")
     target = stack.dead_ids[0]
     stack.state["requeued"] = target
-    # Stripe now knows the meter: the requeued event will go through.
-    stack.fake.add_meter(BAD_METER)
+    # Stripe takes it now: the requeued event will go through.
+    stack.fake.stop_failing_for(f"browser-dead-{stack.dead_ids.index(target)}")
 
     admin.goto("/dead-letters")
     rows = page.locator("#dl-table tbody tr")
@@ -559,6 +561,88 @@ def test_every_page_renders_cleanly(admin: Visitor, browser_stack: Stack) -> Non
     admin.goto("/tenants")
     expect(page.locator("#usage-table")).to_contain_text("acme")
     expect(page.locator("#usage-table")).to_contain_text("cus_acme")
+    admin.assert_clean()
+
+
+# -- after Stripe's 200: a rejection, its requeue, a cancel, a reconciliation ----------------
+
+def test_a_rejected_event_is_requeued_another_cancelled_and_totals_reconciled(
+        admin: Visitor, browser_stack: Stack) -> None:
+    """Stripe reports an accepted event invalid: the overview says so, the Rejected page
+    says why in plain words, requeueing sends it under ``<key>~r1``; a sent event is
+    cancelled through the confirm step; the Reconciliation button runs a comparison."""
+    from playwright.sync_api import expect
+    from support.fake_stripe import AsyncError
+
+    stack, page = browser_stack, admin.page
+    admin.ensure_login(ADMIN)
+    with stack.engine.connect() as conn:
+        if sending_state(conn).paused:
+            resume(stack.engine, actor="browser-test setup", now=utcnow())
+    wait_for(lambda: set(stack.statuses(stack.good_ids).values()) == {"sent"}, 30,
+             message="the good events are sent")
+    rejected_id, cancelled_id = stack.good_ids[4], stack.good_ids[5]
+    with stack.engine.connect() as conn:
+        meter = conn.execute(select(T.c.meter).where(T.c.id == rejected_id)).scalar_one()
+    stack.fake.report_errors([AsyncError(
+        meter, "meter_event_customer_not_found",
+        "No customer with id 'cus_acme' exists.", "browser-ok-4")])
+    # The server polls Stripe's events every second (STRIPE_EVENTS_POLL_SECONDS).
+    wait_for(lambda: stack.statuses([rejected_id]) == {rejected_id: "rejected"}, 20,
+             message="the poll rejects the reported event")
+
+    admin.goto("/")
+    figure = page.locator(".figure", has_text="Rejected, waiting for a person")
+    expect(figure.locator(".figure-value")).to_have_text("1")
+    admin.shot("20-overview-rejected")
+    with page.expect_navigation():
+        figure.locator("a").click()
+    row = page.locator(f'tr[data-id="{rejected_id}"]')
+    expect(row).to_contain_text("cus_acme")
+    expect(page.locator("main")).to_contain_text("check the tenant")
+    admin.shot("21-rejected")
+    row.get_by_role("checkbox").check()
+    with page.expect_navigation():
+        page.get_by_role("button", name="Requeue selected").click()
+    expect(page.locator(".flash-ok")).to_contain_text("Requeued 1")
+    wait_for(lambda: stack.statuses([rejected_id]) == {rejected_id: "sent"}, 20,
+             message="the requeued event is sent again")
+    assert "browser-ok-4~r1" in stack.fake.accepted()
+    admin.goto(f"/events/{rejected_id}")
+    expect(page.locator("main")).to_contain_text("browser-ok-4~r1")
+    admin.shot("22-event-requeued-new-identifier")
+
+    admin.goto(f"/events/{cancelled_id}")
+    with page.expect_navigation():
+        page.get_by_role("link", name="Cancel at Stripe…").click()
+    expect(page.locator("h1")).to_contain_text(f"Cancel event #{cancelled_id} at Stripe?")
+    admin.shot("23-cancel-confirm")
+    page.get_by_label("Reason").select_option("duplicate")
+    page.get_by_label("Note").fill("Sent twice by the import of ticket T-77")
+    page.get_by_role("checkbox").check()
+    with page.expect_navigation():
+        page.get_by_role("button", name="Cancel at Stripe").click()
+    expect(page.locator("main")).to_contain_text("Cancelled at Stripe: not billed")
+    assert stack.statuses([cancelled_id]) == {cancelled_id: "cancelled"}
+    assert stack.fake.accepted()["browser-ok-5"].cancelled
+    admin.shot("24-event-cancelled")
+
+    admin.goto("/reconciliation")
+    with page.expect_navigation():
+        page.get_by_role("button", name="Reconcile the last 35 days now").click()
+    expect(page.locator(".flash-ok")).to_contain_text("Reconciliation started")
+    # The page follows the run and shows it when it ends (htmx): ours, by this person.
+    # Everything here is younger than the settle time: pending, and no mismatch.
+    expect(page.locator("#recon-run")).to_contain_text(ADMIN, timeout=20_000)
+    expect(page.locator("#recon-running")).to_have_count(0)
+    pending = page.locator('#recon-run dd[data-k="pending"]').inner_text()
+    assert int(pending.replace(",", "")) > 0, pending
+    expect(page.locator('#recon-run dd[data-k="mismatches"]')).to_have_text("0")
+    expect(page.locator("#mismatches")).to_have_count(0)
+    admin.shot("25-reconciliation")
+    admin.goto("/stripe")
+    expect(page.locator("main")).to_contain_text(meter)
+    admin.shot("26-stripe-side")
     admin.assert_clean()
 
 

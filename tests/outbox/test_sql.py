@@ -36,7 +36,7 @@ def test_status_literals_are_checked() -> None:
 def test_waiting_predicate_is_the_complement_of_the_other_statuses() -> None:
     """ix_outbox_waiting_created's predicate names the statuses it leaves out; a new status
     must not slip into it unnoticed."""
-    left_out = {"sent", "processing", "dead", "resolved"}
+    left_out = {"sent", "processing", "dead", "resolved", "rejected", "cancelled"}
     assert set(ALL_STATUSES) - left_out == {"pending", "retrying"}
     assert all(f"'{s}'" in str(sql.WAITING_IDLE.compile(
         compile_kwargs={"literal_binds": True})) for s in left_out)

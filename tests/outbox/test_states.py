@@ -14,13 +14,17 @@ import pytest
 
 from webapp.outbox.states import (
     ALL_STATUSES,
+    CANCEL_MARGIN,
+    CANCEL_WINDOW,
     COUNTED,
     DEAD_EXHAUSTED,
     DEAD_PAST_WINDOW,
     EDGES,
     MAX_AGE,
+    RELEASING,
     REQUEUE_AGE_LIMIT,
     CallResult,
+    CancelCheck,
     EventView,
     Move,
     Outcome,
@@ -28,10 +32,13 @@ from webapp.outbox.states import (
     RequeueCheck,
     Status,
     allowed,
+    cancel_check,
     idempotency_key,
+    identifier_of,
     past_dedupe_window,
     released_status,
     requeue_check,
+    requeue_identifier,
     requeue_permitted,
     targets,
     transition,
@@ -233,6 +240,14 @@ def test_systemic_raises(ev: EventView) -> None:
         run(ev, result)
 
 
+def test_a_missing_meter_raises_too() -> None:
+    """No active meter for the event name: the event is released untouched, and waits."""
+    result = CallResult(Outcome.METER_MISSING, http_status=400, error_class="InvalidRequestError")
+    with pytest.raises(ValueError, match="meter_missing"):
+        run(view(1), result)
+    assert Outcome.METER_MISSING not in COUNTED
+
+
 @pytest.mark.parametrize("status", [s for s in ALL_STATUSES if s != "processing"])
 @pytest.mark.parametrize("result", [R_OK, R_PERM, R_TIMEOUT, R_429,
                                     CallResult(Outcome.SYSTEMIC, http_status=403)],
@@ -284,6 +299,10 @@ EXPECTED_EDGES = {
     ("processing", Move.RESCUE): {"pending", "retrying"},
     ("dead", Move.REQUEUE): {"pending"},
     ("dead", Move.RESOLVE): {"resolved"},
+    ("sent", Move.REJECT): {"rejected"},
+    ("sent", Move.CANCEL): {"cancelled"},
+    ("rejected", Move.REQUEUE): {"pending"},
+    ("rejected", Move.RESOLVE): {"resolved"},
 }
 
 
@@ -297,11 +316,11 @@ def test_every_edge_and_only_those(status: str, move: Move) -> None:
 
 def test_edges_name_only_known_statuses_and_final_ones_lead_nowhere() -> None:
     assert {e.source for e in EDGES} | {e.target for e in EDGES} <= set(ALL_STATUSES)
-    for final in ("sent", "resolved"):
+    for final in ("resolved", "cancelled"):
         assert not any(e.source == final for e in EDGES)
 
 
-@pytest.mark.parametrize("outcome", [o for o in Outcome if o is not Outcome.SYSTEMIC])
+@pytest.mark.parametrize("outcome", [o for o in Outcome if o not in RELEASING])
 @pytest.mark.parametrize("attempts", [0, 4])
 def test_every_transition_is_an_edge(outcome: Outcome, attempts: int) -> None:
     """What ``transition`` writes after a call is always a SEND edge out of processing."""
@@ -328,7 +347,8 @@ def test_released_status_is_a_release_edge(calls: int) -> None:
     ("dead", NOW - REQUEUE_AGE_LIMIT - timedelta(seconds=1), "x", None, RequeueCheck.TOO_OLD),
     # No force makes Stripe take a timestamp past 35 days: too old wins.
     ("dead", NOW - MAX_AGE, DEAD_PAST_WINDOW, EARLIER, RequeueCheck.TOO_OLD),
-    *[(s, NOW, "x", None, RequeueCheck.NOT_DEAD) for s in ALL_STATUSES if s != "dead"],
+    *[(s, NOW, "x", None, RequeueCheck.WRONG_STATUS) for s in ALL_STATUSES
+      if s not in ("dead", "rejected")],
 ])
 def test_requeue_check(status: str, occurred: datetime, reason: str,
                        unknown_since: datetime | None, expected: RequeueCheck) -> None:
@@ -340,7 +360,7 @@ def test_requeue_check(status: str, occurred: datetime, reason: str,
 @pytest.mark.parametrize(("check", "force", "expected"), [
     (RequeueCheck.OK, False, True), (RequeueCheck.OK, True, True),
     (RequeueCheck.FORCE, False, False), (RequeueCheck.FORCE, True, True),
-    (RequeueCheck.TOO_OLD, True, False), (RequeueCheck.NOT_DEAD, True, False),
+    (RequeueCheck.TOO_OLD, True, False), (RequeueCheck.WRONG_STATUS, True, False),
 ])
 def test_requeue_permitted(check: RequeueCheck, force: bool, expected: bool) -> None:
     assert requeue_permitted(check, force=force) is expected
@@ -348,7 +368,7 @@ def test_requeue_permitted(check: RequeueCheck, force: bool, expected: bool) -> 
 
 def test_statuses_are_the_contracts() -> None:
     assert set(ALL_STATUSES) == {"pending", "processing", "retrying", "sent", "dead",
-                                 "resolved"}
+                                 "resolved", "rejected", "cancelled"}
     assert Status.DEAD == "dead"
     assert {Outcome.DELIVERED, Outcome.UNKNOWN, Outcome.PERMANENT} == COUNTED
 
@@ -361,3 +381,45 @@ def test_statuses_are_the_contracts() -> None:
 ])
 def test_past_dedupe_window(first_unknown: datetime | None, expected: bool) -> None:
     assert past_dedupe_window(view(1, first_unknown=first_unknown), NOW, POLICY) is expected
+
+
+@pytest.mark.parametrize(("key", "generation", "expected"), [
+    ("usage:1", 1, "usage:1~r1"),
+    ("usage:1", 12, "usage:1~r12"),
+    ("k" * 97, 1, "k" * 97 + "~r1"),
+])
+def test_requeue_identifier(key: str, generation: int, expected: str) -> None:
+    assert requeue_identifier(key, generation) == expected
+
+
+def test_a_long_key_is_shortened_and_stays_unique() -> None:
+    a, b = "a" * 99 + "x", "a" * 99 + "y"
+    ids = {requeue_identifier(k, g) for k in (a, b) for g in (1, 2, 99)}
+    assert len(ids) == 6 and all(len(i) <= 100 for i in ids)
+    assert requeue_identifier(a, 1).endswith("~r1")
+    with pytest.raises(ValueError):
+        requeue_identifier("k", 0)
+
+
+@pytest.mark.parametrize(("named", "expected"), [
+    ("usage:1", "usage:1"),
+    ("usage:1~r2", "usage:1~r2"),
+    (idempotency_key("usage:1", 3), "usage:1"),
+    (idempotency_key("usage:1~r2", 1), "usage:1~r2"),
+    ("usage:1:r1:nothex", "usage:1:r1:nothex"),
+])
+def test_identifier_of_a_sample(named: str, expected: str) -> None:
+    assert identifier_of(named) == expected
+
+
+@pytest.mark.parametrize(("status", "sent_ago", "expected"), [
+    ("sent", timedelta(hours=1), CancelCheck.OK),
+    ("sent", CANCEL_WINDOW - CANCEL_MARGIN - timedelta(seconds=1), CancelCheck.OK),
+    ("sent", CANCEL_WINDOW - CANCEL_MARGIN, CancelCheck.TOO_LATE),
+    ("sent", timedelta(days=3), CancelCheck.TOO_LATE),
+    ("sent", None, CancelCheck.TOO_LATE),
+    *[(s, timedelta(hours=1), CancelCheck.NOT_SENT) for s in ALL_STATUSES if s != "sent"],
+])
+def test_cancel_check(status: str, sent_ago: timedelta | None, expected: CancelCheck) -> None:
+    sent_at = None if sent_ago is None else NOW - sent_ago
+    assert cancel_check(status=status, sent_at=sent_at, now=NOW) is expected

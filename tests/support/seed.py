@@ -68,6 +68,47 @@ class Seed:
                 tenant_id=tenant_id, name=name, stripe_customer_id=customer, created_at=now,
                 updated_at=now))
 
+    def stripe_history(self, now: Any) -> None:
+        """A bit of Stripe's side: meters, a stored error report with a sample, and a
+        reconciliation run with a mismatch."""
+        from webapp.models import (
+            ReconciliationMismatch,
+            ReconciliationRun,
+            StripeErrorSample,
+            StripeEvent,
+            StripeMeter,
+            SyncState,
+        )
+
+        with self.engine.begin() as conn:
+            conn.execute(insert(StripeMeter.__table__), [
+                dict(event_name="api_requests", meter_id="mtr_1", status="active",
+                     customer_key="stripe_customer_id", value_key="value", formula="sum",
+                     seen_at=now, updated_at=now),
+                dict(event_name="plan_level", meter_id="mtr_2", status="inactive",
+                     customer_key="customer", value_key="level", formula="last",
+                     seen_at=now, updated_at=now)])
+            conn.execute(insert(SyncState.__table__), [
+                dict(name="meters", ran_at=now, ok=True, detail="2 meters listed"),
+                dict(name="events", ran_at=now, ok=False, detail="Stripe answered 500")])
+            conn.execute(insert(StripeEvent.__table__).values(
+                id="evt_1", type="v1.billing.meter.error_report_triggered", created=now,
+                meter_id="mtr_1", source="poll", stored_at=now, error_count=3, sample_count=1,
+                rejected=1, unmatched=0, summary="3 invalid events", body="{}"))
+            conn.execute(insert(StripeErrorSample.__table__).values(
+                stripe_event_id="evt_1", code="meter_event_customer_not_found",
+                message="No such customer", identifier="nobody", outcome="unmatched", at=now))
+            run_id = conn.execute(insert(ReconciliationRun.__table__).values(
+                started_at=now, finished_at=now, since=now - timedelta(days=35), until=now,
+                trigger="schedule", buckets_checked=10, pending=2, mismatches=1, calls=3,
+                ok=True, errors="[]", notes='["meter plan_level: not compared"]')
+                .returning(ReconciliationRun.__table__.c.id)).scalar_one()
+            conn.execute(insert(ReconciliationMismatch.__table__).values(
+                run_id=run_id, tenant_id="acme", stripe_customer_id="cus_acme",
+                meter="api_requests", formula="sum", start=now - timedelta(days=2),
+                end=now - timedelta(days=1), local_units=7, stripe_units=47.0,
+                difference=40.0))
+
     def get(self, event_id: int) -> Any:
         with self.engine.connect() as conn:
             return conn.execute(select(T).where(T.c.id == event_id)).one()

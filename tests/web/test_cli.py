@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from conftest import PG_URL, cli, pg_schema_url, require_postgres, worker_env
-from sqlalchemy import Engine, create_engine, func, select, text
+from sqlalchemy import Engine, create_engine, func, select, text, update
 from sqlalchemy.orm import Session
 
 from webapp.db import make_engine
@@ -29,7 +29,8 @@ from webapp.outbox.operations import set_tenant
 
 T = OutboxEvent.__table__
 AUDIT = AuditEntry.__table__
-STATUSES = {"pending", "processing", "retrying", "sent", "dead", "resolved"}
+STATUSES = {"pending", "processing", "retrying", "sent", "dead", "resolved", "rejected",
+            "cancelled"}
 
 
 def ok(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
@@ -203,12 +204,16 @@ def test_drain_without_api_key_sends_nothing(db_url: str, eng: Engine,
 def test_requeue_and_resolve_dead_events(env: dict[str, str], eng: Engine,
                                          fake_stripe: Any) -> None:
     map_acme(eng)
-    # Meters Stripe does not know: a permanent 400 for each, so both go dead.
-    to_requeue = add_event(eng, "dead-1", meter="meter_not_yet_created")
-    to_resolve = add_event(eng, "dead-2", meter="meter_never_created")
+    # Two events Stripe refused for good (a permanent 400 each), one sent.
+    to_requeue = add_event(eng, "dead-1")
+    to_resolve = add_event(eng, "dead-2")
     sent = add_event(eng, "fine")
+    with eng.begin() as conn:
+        conn.execute(update(T).where(T.c.id.in_([to_requeue, to_resolve])).values(
+            status="dead", dead_reason="Invalid value", dead_at=utcnow(), attempt_count=1,
+            call_count=1, last_outcome="permanent"))
     summary = as_json(cli("drain", "--once", env=env))
-    assert summary["dead"] == 2 and summary["sent"] == 1
+    assert summary["sent"] == 1
     assert (status_of(eng, to_requeue), status_of(eng, to_resolve), status_of(eng, sent)) == (
         "dead", "dead", "sent")
 
@@ -219,8 +224,7 @@ def test_requeue_and_resolve_dead_events(env: dict[str, str], eng: Engine,
         row = conn.execute(select(T.c.attempt_count, T.c.key_generation, T.c.dead_reason)
                            .where(T.c.id == to_requeue)).one()
     assert (row.attempt_count, row.key_generation, row.dead_reason) == (0, 1, None)
-    # once the meter exists, the requeued event goes through
-    fake_stripe.add_meter("meter_not_yet_created")
+    # the requeued event goes through
     assert as_json(cli("drain", "--once", env=env))["sent"] == 1
     assert status_of(eng, to_requeue) == "sent"
 

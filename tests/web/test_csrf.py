@@ -14,7 +14,7 @@ from .test_roles import actions
 @pytest.mark.parametrize("token", [None, "", "wrong-token", "other-session"])
 def test_missing_or_wrong_token_is_400_and_changes_nothing(token, client_as, seed,
                                                            users) -> None:
-    ids = {"dead": seed.event(status="dead")}
+    ids = {"dead": seed.event(status="dead"), "sent": seed.event(status="sent")}
     client = client_as("admin")
     if token == "other-session":
         token = csrf_of(client_as("admin"))

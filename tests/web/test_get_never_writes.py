@@ -33,6 +33,8 @@ VARIANTS: dict[str, list[str]] = {
     "dashboard.retries": ["", "split=code"],
     "events.find": ["q=order:1", "q=nothing-here"],
     "audit.index": ["", "actor=cli"],
+    "rejected.index": ["", "code=meter_event_customer_not_found"],
+    "reconciliation.index": ["", "run=1"],
 }
 WRITES = re.compile(r"^\s*(INSERT|UPDATE|DELETE|MERGE|COPY|CREATE|ALTER|DROP|TRUNCATE|"
                     r"BEGIN IMMEDIATE|BEGIN EXCLUSIVE)|\bFOR (NO KEY )?UPDATE\b|"
@@ -70,11 +72,17 @@ def populated(seed: Any, now: Any) -> dict[str, Any]:
         seed.attempt(i, attempted_at=long_ago)
     dead = seed.event(status="dead", idempotency_key="order:1")
     seed.event(status="resolved")
+    seed.event(status="rejected", rejected_at=now, reject_code="meter_event_customer_not_found",
+               reject_message="No such customer: 'cus_acme'", sent_at=long_ago)
+    seed.event(status="cancelled", cancelled_at=now, cancel_reason="duplicate",
+               cancelled_by="ops@example.com", sent_at=long_ago)
+    sent = seed.event(status="sent", sent_at=now)
+    seed.stripe_history(now)
     seed.event(status="retrying")
     seed.event(status="pending", tenant_id="initech")
     seed.event(status="processing", processing_deadline_at=now + timedelta(minutes=1),
                claim_token="t", claimed_by="h:1:ab")
-    return {"event_id": dead, "tenant_id": "acme", "user_id": 1}
+    return {"event_id": dead, "tenant_id": "acme", "user_id": 1, "sent": sent}
 
 
 def get_urls(app: Any, values: dict[str, Any]) -> Iterator[str]:
@@ -82,7 +90,10 @@ def get_urls(app: Any, values: dict[str, Any]) -> Iterator[str]:
     for rule in app.url_map.iter_rules():
         if "GET" not in rule.methods or rule.endpoint == "static":
             continue
-        path = rule.build({k: values[k] for k in rule.arguments}, append_unknown=False)[1]
+        args = {k: values[k] for k in rule.arguments}
+        if rule.endpoint == "events.cancel_confirm":
+            args["event_id"] = values["sent"]
+        path = rule.build(args, append_unknown=False)[1]
         for query in VARIANTS.get(rule.endpoint, [""]):
             yield path + (f"?{query}" if query else "")
 

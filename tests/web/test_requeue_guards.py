@@ -39,9 +39,9 @@ def _cases() -> list[Case]:
         Case("dead, unknown outcome inside the window",
              dict(status="dead", first_unknown_at=now - timedelta(seconds=WINDOW - 600)),
              True, True, ""),
-        Case("pending", dict(status="pending"), False, False, "only dead events"),
-        Case("sent", dict(status="sent"), False, False, "only dead events"),
-        Case("resolved", dict(status="resolved"), False, False, "only dead events"),
+        Case("pending", dict(status="pending"), False, False, "only dead or rejected events"),
+        Case("sent", dict(status="sent"), False, False, "only dead or rejected events"),
+        Case("resolved", dict(status="resolved"), False, False, "only dead or rejected events"),
         Case("no such event", None, False, False, "no such event"),
         Case("past Stripe's 35-day limit",
              dict(status="dead", occurred_at=now - REQUEUE_AGE_LIMIT - timedelta(minutes=1)),
@@ -52,6 +52,13 @@ def _cases() -> list[Case]:
         Case("unknown outcome older than the window",
              dict(status="dead", first_unknown_at=now - timedelta(seconds=WINDOW + 60)),
              False, True, "--force"),
+        Case("rejected (goes out under a new identifier)",
+             dict(status="rejected", rejected_at=now, sent_at=now,
+                  first_unknown_at=now - timedelta(days=2)), True, True, ""),
+        Case("rejected, past Stripe's 35-day limit",
+             dict(status="rejected", rejected_at=now, sent_at=now,
+                  occurred_at=now - REQUEUE_AGE_LIMIT - timedelta(minutes=1)),
+             False, False, "35 days"),
         Case("too old wins over force",
              dict(status="dead", dead_reason=DEAD_PAST_WINDOW,
                   occurred_at=now - timedelta(days=36)), False, False, "35 days"),
@@ -124,7 +131,7 @@ def test_through_the_dashboard(case: Case, client_as: Any, seed: Any) -> None:
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.row is not None and
                                   c.row["status"] == "dead"],
-                         ids=lambda c: c.name)
+                         ids=lambda c: c.name)  # the rejected have a preview of their own
 def test_through_requeue_all_matching(case: Case, client_as: Any, seed: Any) -> None:
     """The bulk preview sorts each event by the same rule: the plain ones are requeued, the
     forced ones only when ticked, the rest never."""

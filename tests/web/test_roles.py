@@ -23,6 +23,9 @@ PAGES = [
     ("/dead-letters", "viewer"), ("/dead-letters?status=resolved", "viewer"),
     ("/dead-letters/groups", "viewer"), ("/events/{dead}", "viewer"), ("/audit", "viewer"),
     ("/audit.csv", "viewer"), ("/dead-letters/requeue-all", "operator"), ("/users", "admin"),
+    ("/rejected", "viewer"), ("/rejected?code=meter_event_customer_not_found", "viewer"),
+    ("/rejected/requeue-all", "operator"), ("/reconciliation", "viewer"), ("/stripe", "viewer"),
+    ("/events/{sent}", "viewer"), ("/events/{sent}/cancel", "operator"),
 ]
 
 
@@ -40,6 +43,10 @@ def actions(ids: dict[str, int], users: dict[str, str]) -> list[tuple[str, dict[
                     "password": "long-enough-password"}, "admin"),
         ("/users/1/deactivate", {}, "admin"),
         ("/users/1/activate", {}, "admin"),
+        ("/rejected/requeue-all", {"snapshot": "x"}, "operator"),
+        ("/reconciliation/run", {}, "operator"),
+        (f"/events/{ids['sent']}/cancel", {"reason": "other", "note": "x", "confirm": "yes"},
+         "operator"),
     ]
 
 
@@ -49,7 +56,7 @@ def allowed(role: str, needed: str) -> bool:
 
 @pytest.mark.parametrize("role", [None, "viewer", "operator", "admin"])
 def test_every_page(role: str | None, client_as, seed) -> None:
-    ids = {"dead": seed.event(status="dead")}
+    ids = {"dead": seed.event(status="dead"), "sent": seed.event(status="sent")}
     client = client_as(role)
     for path, needed in PAGES:
         path = path.format(**ids)
@@ -66,7 +73,7 @@ def test_every_page(role: str | None, client_as, seed) -> None:
 @pytest.mark.parametrize("role", ["viewer", "operator", "admin"])
 def test_every_action_refused_below_its_role_changes_nothing(role: str, client_as, seed,
                                                              users) -> None:
-    ids = {"dead": seed.event(status="dead")}
+    ids = {"dead": seed.event(status="dead"), "sent": seed.event(status="sent")}
     client = client_as(role)
     token = csrf_of(client)
     refused = [(p, f) for p, f, needed in actions(ids, users) if not allowed(role, needed)]
@@ -80,7 +87,7 @@ def test_every_action_refused_below_its_role_changes_nothing(role: str, client_a
 
 
 def test_anonymous_actions_change_nothing(client_as, seed, users) -> None:
-    ids = {"dead": seed.event(status="dead")}
+    ids = {"dead": seed.event(status="dead"), "sent": seed.event(status="sent")}
     client = client_as(None)
     token = csrf_of(client, "/login")
     for path, form, _needed in actions(ids, users):
@@ -102,7 +109,7 @@ def test_navigation_follows_the_role(client_as) -> None:
 def test_every_endpoint_is_public_by_intent_or_needs_a_role(app) -> None:
     """A new view without ``require_role`` fails here instead of shipping unauthenticated."""
     public = {"static", "health.healthz", "health.readyz", "metrics.metrics", "auth.login",
-              "auth.logout"}
+              "auth.logout", "webhook.receive"}
     for rule in app.url_map.iter_rules():
         view = app.view_functions[rule.endpoint]
         if rule.endpoint in public:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
 import socket
 import subprocess
 import sys
@@ -12,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, wait_for, worker_env
+from conftest import ROOT, stop_process, wait_for, worker_env
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -76,12 +75,9 @@ def test_serve_drains_under_gunicorn(pg_url: str, fake_stripe: Any, tmp_path: Pa
             workers = conn.execute(select(DeliveryAttempt.worker).distinct()).scalars().all()
         assert len(workers) == 1, workers
     finally:
-        proc.send_signal(signal.SIGTERM)
         try:
-            proc.wait(timeout=40)
+            stop_process(proc)
         finally:
-            if proc.poll() is None:
-                proc.kill()
             log.close()
             engine.dispose()
     assert proc.returncode == 0, (tmp_path / "serve.log").read_text()[-3000:]

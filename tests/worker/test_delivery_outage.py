@@ -105,7 +105,10 @@ def sim_drainer(engine: Engine, fake: FakeStripe, sim: SimTime) -> Drainer:
     settings = make_settings(engine.url.render_as_string(hide_password=False),
                              stripe_api_base=fake.base_url)
     breaker = CircuitBreaker(monotonic=sim.monotonic)  # production defaults: 2 s … 60 s
-    return Drainer(engine, settings, clock=sim.now, breaker=breaker)
+    drainer = Drainer(engine, settings, clock=sim.now, breaker=breaker)
+    assert drainer.meters is not None
+    drainer.meters.active()  # a worker reads Stripe's meters as it starts
+    return drainer
 
 
 def assert_all_sent_once(engine: Engine, fake: FakeStripe, values: dict[str, int]) -> None:

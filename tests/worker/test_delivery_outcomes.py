@@ -102,6 +102,8 @@ def make_drainer(engine: Engine) -> Iterator[Callable[..., Drainer]]:
 
     def make(settings: Settings, **kw: Any) -> Drainer:
         d = Drainer(engine, settings, **kw)
+        if d.meters is not None:
+            d.meters.active()  # a worker reads Stripe's meters as it starts
         made.append(d)
         return d
 
@@ -317,13 +319,17 @@ def test_old_timestamp_400_is_dead_at_once_with_stripes_details(
     assert row(engine, eid)["status"] == "dead"
 
 
-def test_unknown_meter_other_than_the_default_is_permanent(
+def test_an_event_of_a_meter_stripe_does_not_have_waits_untouched(
         engine: Engine, fake_stripe: FakeStripe, drainer: Drainer) -> None:
+    """Its meter is not among Stripe's: not claimed, not sent, not dead — it waits (and
+    the dashboard names the meter); nothing else is paused."""
     eid = enqueue(engine, "nometer-1", meter="no_such_meter")
+    other = enqueue(engine, "meter-ok-1")
     drainer.drain_once()
     r = row(engine, eid)
-    assert (r["status"], r["last_outcome"], r["last_http_status"]) == ("dead", "permanent", 400)
-    assert "no_such_meter" in r["dead_reason"]
+    assert (r["status"], r["call_count"], r["last_outcome"]) == ("pending", 0, None)
+    assert row(engine, other)["status"] == "sent"
+    assert [e["identifier"] for e in fake_stripe.request_log()] == ["meter-ok-1"]
     assert stats(engine, now=utcnow())["paused"] is False
 
 
@@ -448,23 +454,25 @@ def test_404_on_the_endpoint_is_systemic(
     assert fake_stripe.accept_count() == 0 and ids
 
 
-def test_missing_default_meter_is_systemic_and_a_probe_resumes_when_it_exists(
+def test_a_missing_default_meter_holds_its_events_until_it_exists(
         engine: Engine, fake_stripe: FakeStripe, make_drainer: Callable[..., Drainer],
         settings: Settings) -> None:
-    """Every event on the configured default meter would fail alike: pause, touch nothing."""
+    """Every event on the configured default meter would be rejected alike: they wait,
+    untouched, with sending running for the other meters, and go out once it exists."""
     drainer = make_drainer(settings.with_overrides(stripe_meter_event_name="cpu_seconds"))
     ids = [enqueue(engine, f"meter-{i}", meter="cpu_seconds") for i in range(4)]
     before = snapshot(engine)
     drainer.drain_once()
-    assert fake_stripe.calls() >= 1 and snapshot(engine) == before
+    assert fake_stripe.calls() == 0 and snapshot(engine) == before
     data = stats(engine, now=utcnow())
-    assert data["paused"] is True and "cpu_seconds" in data["pause_reason"]
-    assert data["counts"]["dead"] == 0
+    assert data["paused"] is False and data["counts"]["dead"] == 0
     fake_stripe.add_meter("cpu_seconds")
-    drainer.probe_interval_seconds = 0
+    gateway = drainer.gateway
+    assert drainer.meters is not None and gateway is not None
+    drainer.meters.refresher.run_once()    # the schedule's next read of Stripe's meters
+    drainer.meters.invalidate()
     wait_for(lambda: drainer.drain_once() is not None and fake_stripe.accept_count() == len(ids),
              15, message="everything sent once the meter exists")
-    assert stats(engine, now=utcnow())["paused"] is False
 
 
 # -- the dedupe window ----------------------------------------------------------------------------

@@ -6,6 +6,7 @@ systemic answer. A real ``Drainer.run`` in a thread, against the fake over the r
 from __future__ import annotations
 
 import threading
+from unittest.mock import patch
 
 import pytest
 from conftest import make_settings, wait_for
@@ -35,7 +36,8 @@ def start(pg: Engine, pg_url: str, fake: FakeStripe) -> tuple[Drainer, threading
                           idempotency_key=f"pipe-{i}")
     drainer = Drainer(pg, make_settings(pg_url, stripe_api_base=fake.base_url,
                                         batch_size=BATCH, concurrency=1))
-    assert drainer.pipelined
+    assert drainer.pipelined and drainer.meters is not None
+    drainer.meters.active()  # a worker reads Stripe's meters as it starts
     thread = threading.Thread(target=drainer.run, name="drainer", daemon=True)
     thread.start()
     return drainer, thread
@@ -76,9 +78,13 @@ def test_stopping_releases_the_batch_claimed_ahead(pg_url: str, pg: Engine,
 
 def test_a_systemic_answer_releases_the_batch_claimed_ahead(pg_url: str, pg: Engine,
                                                             fake_stripe: FakeStripe) -> None:
-    fake_stripe.set_auth_failure(401)
     fake_stripe.set_latency(0.2)  # the next batch is claimed ahead while this call runs
-    drainer, thread = start(pg, pg_url, fake_stripe)
+    with patch.object(Drainer, "run", autospec=True):   # start, meters read, not running yet
+        drainer, thread = start(pg, pg_url, fake_stripe)
+        thread.join()
+    fake_stripe.set_auth_failure(401)
+    thread = threading.Thread(target=drainer.run, name="drainer", daemon=True)
+    thread.start()
     try:
         # The first call is in flight and the next batch is already claimed…
         wait_for(lambda: counts(pg).get("processing", 0) == 2 * BATCH, 10, interval=0.01,

@@ -8,6 +8,7 @@ cannot overwrite the newer claim's outcome (fencing).
 
 from __future__ import annotations
 
+import functools
 import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -104,7 +105,8 @@ def new_token() -> str:
     return secrets.token_hex(16)
 
 
-_CLAIM_COLUMNS = (T.c.id, T.c.tenant_id, T.c.meter, T.c.quantity, T.c.idempotency_key,
+_CLAIM_COLUMNS = (T.c.id, T.c.tenant_id, T.c.meter, T.c.quantity,
+                  func.coalesce(T.c.stripe_identifier, T.c.idempotency_key),
                   T.c.occurred_at, T.c.stripe_customer_id, T.c.attempt_count, T.c.call_count,
                   T.c.key_generation, T.c.first_unknown_at)
 
@@ -124,6 +126,7 @@ WITH picked AS MATERIALIZED (
       AND (o.stripe_customer_id IS NOT NULL OR t.stripe_customer_id IS NOT NULL)
       AND NOT (COALESCE(o.stripe_customer_id, t.stripe_customer_id) || chr(31) || o.meter
                = ANY(:avoid))
+      {meters}
       {shards}
     ORDER BY o.next_attempt_at, o.id
     LIMIT :limit
@@ -137,33 +140,44 @@ SET status = 'processing', claim_token = :token, claimed_by = :worker,
     first_attempt_at = COALESCE(o.first_attempt_at, :now)
 WHERE o.id = ANY(ARRAY(SELECT id FROM picked))
   AND o.status IN ('pending', 'retrying')
-RETURNING o.id, o.tenant_id, o.meter, o.quantity, o.idempotency_key, o.occurred_at,
+RETURNING o.id, o.tenant_id, o.meter, o.quantity,
+          COALESCE(o.stripe_identifier, o.idempotency_key), o.occurred_at,
           o.stripe_customer_id, o.attempt_count, o.call_count, o.key_generation,
           o.first_unknown_at
 """
-_PG_CLAIM = text(_PG_CLAIM_SQL.format(shards="")).bindparams(
-    bindparam("avoid", type_=postgresql.ARRAY(String)))
-# The same, leaving out the lane shards this worker does not own.
-_PG_CLAIM_SKIPPING = text(_PG_CLAIM_SQL.format(
-    shards=f"AND NOT {_LANE_SHARD} = ANY(:skip_shards)")).bindparams(
-    bindparam("avoid", type_=postgresql.ARRAY(String)),
-    bindparam("skip_shards", type_=postgresql.ARRAY(Integer)))
+
+
+@functools.cache
+def _pg_claim(skipping: bool, meters: bool) -> Any:
+    """The claim statement: leaving out the lane shards this worker does not own
+    (``skipping``), and events of meters not active at Stripe (``meters``)."""
+    binds: list[Any] = [bindparam("avoid", type_=postgresql.ARRAY(String))]
+    if skipping:
+        binds.append(bindparam("skip_shards", type_=postgresql.ARRAY(Integer)))
+    if meters:
+        binds.append(bindparam("meters", type_=postgresql.ARRAY(String)))
+    return text(_PG_CLAIM_SQL.format(
+        shards=f"AND NOT {_LANE_SHARD} = ANY(:skip_shards)" if skipping else "",
+        meters="AND o.meter = ANY(:meters)" if meters else "")).bindparams(*binds)
 
 
 def claim_batch(engine: Engine, *, worker: str, limit: int, now: datetime,
                 claim_timeout_seconds: float, avoid_lanes: Iterable[tuple[str, str]] = (),
-                skip_shards: Sequence[int] = (), fill_from_skipped: bool = True) -> Claim:
+                skip_shards: Sequence[int] = (), fill_from_skipped: bool = True,
+                meters: Sequence[str] | None = None) -> Claim:
     """Claim up to ``limit`` due events of mapped tenants, in a transaction of its own that
     commits before this returns (see :func:`claim_in`)."""
     with engine.begin() as conn:
         return claim_in(conn, worker=worker, limit=limit, now=now,
                         claim_timeout_seconds=claim_timeout_seconds, avoid_lanes=avoid_lanes,
-                        skip_shards=skip_shards, fill_from_skipped=fill_from_skipped)
+                        skip_shards=skip_shards, fill_from_skipped=fill_from_skipped,
+                        meters=meters)
 
 
 def claim_in(conn: Connection, *, worker: str, limit: int, now: datetime,
              claim_timeout_seconds: float, avoid_lanes: Iterable[tuple[str, str]] = (),
-             skip_shards: Sequence[int] = (), fill_from_skipped: bool = True) -> Claim:
+             skip_shards: Sequence[int] = (), fill_from_skipped: bool = True,
+             meters: Sequence[str] | None = None) -> Claim:
     """Claim up to ``limit`` due events of mapped tenants in one statement, oldest due first,
     in the caller's transaction.
 
@@ -176,8 +190,12 @@ def claim_in(conn: Connection, *, worker: str, limit: int, now: datetime,
     ``avoid_lanes``: lanes busy in this process, whose events are left for later.
     ``skip_shards`` (PostgreSQL): the lane shards this worker does not own. Their events are
     claimed only when its own do not fill the batch and ``fill_from_skipped``, by a second
-    statement in the same transaction.
+    statement in the same transaction. ``meters``: the event names Stripe has an active
+    meter for; events of other meters wait (None: no such filter).
     """
+    if meters is not None and not meters:
+        return Claim(token=new_token(), worker=worker,
+                     deadline=now + timedelta(seconds=claim_timeout_seconds))
     token = new_token()
     deadline = now + timedelta(seconds=claim_timeout_seconds)
     lanes = list(avoid_lanes)
@@ -185,18 +203,22 @@ def claim_in(conn: Connection, *, worker: str, limit: int, now: datetime,
         params: dict[str, Any] = dict(now=now, limit=limit, token=token, worker=worker,
                                       deadline=deadline,
                                       avoid=[f"{c}\x1f{m}" for c, m in lanes])
+        by_meter = meters is not None
+        if by_meter:
+            params["meters"] = list(meters or ())
         if skip_shards:
             # Owning no shard at all, the first statement could only scan for nothing.
-            rows = conn.execute(_PG_CLAIM_SKIPPING,
+            rows = conn.execute(_pg_claim(True, by_meter),
                                 dict(params, skip_shards=list(skip_shards))).all() \
                 if len(skip_shards) < SHARDS else []
             if fill_from_skipped and len(rows) < limit:
                 params.update(limit=limit - len(rows))
-                rows = [*rows, *conn.execute(_PG_CLAIM, params).all()]
+                rows = [*rows, *conn.execute(_pg_claim(False, by_meter), params).all()]
         else:
-            rows = conn.execute(_PG_CLAIM, params).all()
+            rows = conn.execute(_pg_claim(False, by_meter), params).all()
     else:
-        rows = conn.execute(_sqlite_claim(token, worker, limit, now, deadline, lanes)).all()
+        rows = conn.execute(_sqlite_claim(token, worker, limit, now, deadline, lanes,
+                                          meters)).all()
     make = ClaimedEvent._make
     events = [make(row) for row in rows]
     events.sort(key=lambda e: e.id)
@@ -204,7 +226,7 @@ def claim_in(conn: Connection, *, worker: str, limit: int, now: datetime,
 
 
 def _sqlite_claim(token: str, worker: str, limit: int, now: datetime, deadline: datetime,
-                  lanes: list[tuple[str, str]]) -> Any:
+                  lanes: list[tuple[str, str]], meters: Sequence[str] | None) -> Any:
     """The claim as one ``UPDATE … WHERE id IN (due candidates) AND still claimable``."""
     mapped = (select(TENANTS.c.stripe_customer_id)
               .where(TENANTS.c.tenant_id == T.c.tenant_id)
@@ -214,6 +236,8 @@ def _sqlite_claim(token: str, worker: str, limit: int, now: datetime, deadline: 
     if lanes:
         conditions.append(func.coalesce(T.c.stripe_customer_id, mapped).concat("\x1f")
                           .concat(T.c.meter).not_in([f"{c}\x1f{m}" for c, m in lanes]))
+    if meters is not None:
+        conditions.append(T.c.meter.in_(list(meters)))
     candidates = (select(T.c.id).where(*conditions)
                   .order_by(T.c.next_attempt_at, T.c.id).limit(limit))
     values = dict(status=Status.PROCESSING.value, claim_token=token, claimed_by=worker,

@@ -1,5 +1,6 @@
 """What people do to the outbox, each rule written once and called alike from the CLI and
-the web: map a tenant to its Stripe customer, requeue and resolve dead events, pause and
+the web: map a tenant to its Stripe customer, requeue and resolve dead or rejected events,
+check and record a cancel (the call to Stripe is ``webapp.worker.cancelling``'s), pause and
 resume sending. Every action is audited in its own transaction; every refusal raises
 :class:`OperationError` with the reason and changes nothing.
 """
@@ -11,19 +12,26 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, insert, select
+from sqlalchemy import Connection, Engine, func, insert, select
 from sqlalchemy import update as sa_update
 
 from ..audit import write_audit
+from ..db import reading as reading_conn
 from .control import OPERATOR, set_paused
-from .sql import TENANTS, T, id_in
+from .rollups import lock_sent_mark, unfold_sent
+from .sql import TENANTS, T, as_utc, id_in
 from .states import (
+    CANCEL_REFUSALS,
+    NEEDS_A_PERSON,
     REQUEUE_REFUSALS,
+    CancelCheck,
     Move,
     RequeueCheck,
     Status,
     allowed,
+    cancel_check,
     requeue_check,
+    requeue_identifier,
     requeue_permitted,
 )
 
@@ -90,7 +98,8 @@ def _unique_ids(ids: Sequence[int]) -> list[int]:
 
 def _load(conn: Connection, ids: Sequence[int]) -> dict[int, Any]:
     rows = conn.execute(select(T.c.id, T.c.status, T.c.occurred_at, T.c.dead_reason,
-                               T.c.first_unknown_at).where(id_in(conn, T.c.id, ids))).all()
+                               T.c.first_unknown_at, T.c.idempotency_key,
+                               T.c.identifier_generation).where(id_in(conn, T.c.id, ids))).all()
     return {r.id: r for r in rows}
 
 
@@ -112,12 +121,17 @@ def _checks(rows: dict[int, Any], ids: Sequence[int], now: datetime,
 def requeue(engine: Engine, ids: Sequence[int], *, actor: str, now: datetime,
             force: bool = False, window_seconds: float, note: str | None = None
             ) -> ActionResult:
-    """Send dead events again: a fresh attempt budget and transport key, the same identifier,
-    customer and timestamp. All or nothing: any refused id refuses the whole request.
+    """Send dead or rejected events again. All or nothing: any refused id refuses the whole
+    request.
 
-    Refused (:class:`OperationError`): events that are not dead; events past Stripe's 35-day
-    limit; events whose outcome was unknown past the dedupe window, unless ``force`` (a
-    resend could then bill twice).
+    A dead event keeps its identifier, customer and timestamp, with a fresh attempt budget
+    and transport key. A rejected one (Stripe refused it after accepting the call; nothing
+    was billed) goes out under a new identifier (``<key>~r<n>``: Stripe may still hold the
+    old one), to the customer its tenant is mapped to *now* — the usual fix of its cause.
+
+    Refused (:class:`OperationError`): events neither dead nor rejected; events past Stripe's
+    35-day limit; dead events whose outcome was unknown past the dedupe window, unless
+    ``force`` (a resend could then bill twice).
     """
     ids = _unique_ids(ids)
     with engine.begin() as conn:
@@ -128,34 +142,71 @@ def requeue(engine: Engine, ids: Sequence[int], *, actor: str, now: datetime,
             check = checks[i]
             if check is None:
                 problems.append(f"{i}: no such event")
-            elif check is RequeueCheck.NOT_DEAD:
+            elif check is RequeueCheck.WRONG_STATUS:
                 problems.append(f"{i}: is {rows[i].status}, {REQUEUE_REFUSALS[check]}")
             elif not requeue_permitted(check, force=force):
                 problems.append(f"{i}: {REQUEUE_REFUSALS[check]}")
         if problems:
             raise OperationError("; ".join(problems))
-        values: dict[str, object] = dict(
-            status=Status.PENDING.value, attempt_count=0, next_attempt_at=now,
-            key_generation=T.c.key_generation + 1, dead_reason=None, dead_at=None,
-            claim_token=None, processing_deadline_at=None, updated_at=now)
-        if force:
-            values["first_unknown_at"] = None
-        done = conn.execute(sa_update(T).where(id_in(conn, T.c.id, ids),
-                                               T.c.status == Status.DEAD.value)
-                            .values(**values))
-        if done.rowcount != len(ids):
+        dead = [i for i in ids if rows[i].status == Status.DEAD.value]
+        rejected = [i for i in ids if rows[i].status == Status.REJECTED.value]
+        changed = _requeue_dead(conn, dead, force, now) + _requeue_rejected(
+            conn, [rows[i] for i in rejected], now)
+        if changed != len(ids):
             raise OperationError("some events changed while requeueing; nothing was done")
         audit_id = write_audit(conn, actor=actor, action="force_requeue" if force else "requeue",
                                event_ids=ids, note=note, now=now)
     return ActionResult(audit_id, ids)
 
 
+def _requeue_dead(conn: Connection, ids: list[int], force: bool, now: datetime) -> int:
+    if not ids:
+        return 0
+    values: dict[str, object] = dict(
+        status=Status.PENDING.value, attempt_count=0, next_attempt_at=now,
+        key_generation=T.c.key_generation + 1, dead_reason=None, dead_at=None,
+        claim_token=None, processing_deadline_at=None, updated_at=now)
+    if force:
+        values["first_unknown_at"] = None
+    done = conn.execute(sa_update(T).where(id_in(conn, T.c.id, ids),
+                                           T.c.status == Status.DEAD.value).values(**values))
+    return done.rowcount
+
+
+def _requeue_rejected(conn: Connection, rows: list[Any], now: datetime) -> int:
+    """Each under an identifier of its own that no event goes by yet."""
+    changed = 0
+    for r in rows:
+        generation = int(r.identifier_generation) + 1
+        identifier = requeue_identifier(r.idempotency_key, generation)
+        while _identifier_taken(conn, identifier):
+            generation += 1
+            identifier = requeue_identifier(r.idempotency_key, generation)
+        done = conn.execute(sa_update(T).where(T.c.id == r.id,
+                                               T.c.status == Status.REJECTED.value).values(
+            status=Status.PENDING.value, stripe_identifier=identifier,
+            identifier_generation=generation, attempt_count=0, call_count=0,
+            key_generation=0, next_attempt_at=now, stripe_customer_id=None,
+            first_attempt_at=None, first_unknown_at=None, sent_at=None, rejected_at=None,
+            reject_code=None, reject_message=None, reject_event_id=None,
+            claim_token=None, processing_deadline_at=None, updated_at=now))
+        changed += done.rowcount
+    return changed
+
+
+def _identifier_taken(conn: Connection, identifier: str) -> bool:
+    return conn.execute(select(T.c.id).where(
+        (T.c.idempotency_key == identifier) | (T.c.stripe_identifier == identifier))
+        .limit(1)).first() is not None
+
+
 def resolve(engine: Engine, ids: Sequence[int], *, actor: str, reason: str, note: str,
             now: datetime) -> ActionResult:
-    """Close dead events by hand with a reason code and a note; they stay in history.
+    """Close dead or rejected events by hand with a reason code and a note; they stay in
+    history.
 
     Refused (:class:`OperationError`): an unknown reason, an empty note, any event that is
-    not dead.
+    neither dead nor rejected.
     """
     ids = _unique_ids(ids)
     if reason not in RESOLVE_REASONS:
@@ -166,21 +217,89 @@ def resolve(engine: Engine, ids: Sequence[int], *, actor: str, reason: str, note
     with engine.begin() as conn:
         rows = _load(conn, ids)
         problems = [f"{i}: no such event" if i not in rows else
-                    f"{i}: is {rows[i].status}, only dead events can be resolved"
+                    f"{i}: is {rows[i].status}, only dead or rejected events can be resolved"
                     for i in ids
                     if i not in rows or not allowed(rows[i].status, Move.RESOLVE)]
         if problems:
             raise OperationError("; ".join(problems))
         done = conn.execute(sa_update(T).where(id_in(conn, T.c.id, ids),
-                                               T.c.status == Status.DEAD.value)
+                                               T.c.status.in_(NEEDS_A_PERSON))
                             .values(status=Status.RESOLVED.value, resolved_at=now,
                                     resolved_by=actor, resolve_reason=reason,
-                                    resolve_note=note.strip(), updated_at=now))
+                                    resolve_note=note.strip(), updated_at=now,
+                                    # the resolved history is ordered by when the event
+                                    # started needing a person
+                                    dead_at=func.coalesce(T.c.dead_at, T.c.rejected_at, now)))
         if done.rowcount != len(ids):
             raise OperationError("some events changed while resolving; nothing was done")
         audit_id = write_audit(conn, actor=actor, action="resolve", event_ids=ids,
                                reason_code=reason, note=note.strip(), now=now)
     return ActionResult(audit_id, ids)
+
+
+# -- cancelling at Stripe --------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Cancellable:
+    """What a cancel sends Stripe for one event."""
+
+    id: int
+    meter: str
+    identifier: str
+
+
+def cancel_targets(engine: Engine, ids: Sequence[int], *, reason: str, note: str,
+                   now: datetime) -> list[Cancellable]:
+    """The events a cancel would ask Stripe to cancel. All or nothing: raises
+    :class:`OperationError` naming every event that cannot be cancelled (not sent, or
+    accepted by Stripe more than 24 hours ago), an unknown reason or an empty note."""
+    ids = _unique_ids(ids)
+    if reason not in RESOLVE_REASONS:
+        raise OperationError(f"reason must be one of {', '.join(RESOLVE_REASONS)}, "
+                             f"got {reason!r}")
+    if not note or not note.strip():
+        raise OperationError("a note is required to cancel events")
+    with reading_conn(engine) as conn:
+        rows = {r.id: r for r in conn.execute(
+            select(T.c.id, T.c.status, T.c.sent_at, T.c.meter, T.c.idempotency_key,
+                   T.c.stripe_identifier).where(id_in(conn, T.c.id, ids)))}
+    problems = []
+    for i in ids:
+        r = rows.get(i)
+        if r is None:
+            problems.append(f"{i}: no such event")
+            continue
+        check = cancel_check(status=r.status, sent_at=as_utc(r.sent_at), now=now)
+        if check is not CancelCheck.OK:
+            problems.append(f"{i}: is {r.status}, {CANCEL_REFUSALS[check]}"
+                            if check is CancelCheck.NOT_SENT
+                            else f"{i}: {CANCEL_REFUSALS[check]}")
+    if problems:
+        raise OperationError("; ".join(problems))
+    return [Cancellable(i, rows[i].meter, rows[i].stripe_identifier or rows[i].idempotency_key)
+            for i in ids]
+
+
+def record_cancelled(engine: Engine, ids: Sequence[int], *, actor: str, reason: str,
+                     note: str, now: datetime) -> ActionResult:
+    """Stripe cancelled these events (a meter event adjustment each): ``cancelled``, out of
+    the usage rollup, audited. Events that left ``sent`` meanwhile are left alone."""
+    with engine.begin() as conn:
+        mark = lock_sent_mark(conn)
+        moved = conn.execute(
+            select(T.c.id, T.c.sent_at, T.c.occurred_at, T.c.tenant_id, T.c.meter, T.c.quantity)
+            .where(id_in(conn, T.c.id, list(ids)), T.c.status == Status.SENT.value)).all()
+        done = [int(r.id) for r in moved]
+        if done:
+            conn.execute(sa_update(T).where(id_in(conn, T.c.id, done),
+                                            T.c.status == Status.SENT.value)
+                         .values(status=Status.CANCELLED.value, cancelled_at=now,
+                                 cancelled_by=actor, cancel_reason=reason,
+                                 cancel_note=note.strip(), updated_at=now))
+            unfold_sent(conn, mark, moved)
+        audit_id = write_audit(conn, actor=actor, action="cancel", event_ids=done,
+                               reason_code=reason, note=note.strip(), now=now)
+    return ActionResult(audit_id, done)
 
 
 # -- the sending switch ----------------------------------------------------------------------

@@ -16,6 +16,7 @@ from .claims import Claim, ClaimedEvent, held, release_claimed
 from .sql import ATTEMPTS, T
 from .states import (
     COUNTED,
+    RELEASING,
     CallResult,
     Outcome,
     Policy,
@@ -69,7 +70,7 @@ def record_outcomes(engine: Engine, claim: Claim, attempts: Sequence[AttemptReco
             summary.sent += len(got)
             summary.fenced += len({a.event.id for a in delivered}) - len(got)
         for a in others:
-            if a.result.outcome is Outcome.SYSTEMIC:
+            if a.result.outcome in RELEASING:
                 continue  # never changes the event; it is released below
             tr = transition(a.event.view(), a.result, attempted_at=a.attempted_at, now=now,
                             policy=policy, rng=rng)
@@ -88,7 +89,7 @@ def record_outcomes(engine: Engine, claim: Claim, attempts: Sequence[AttemptReco
                         updated_at=now, claim_token=None, processing_deadline_at=None))
             summary.dead += done.rowcount
         release = list(release_ids) + [a.event.id for a in attempts
-                                        if a.result.outcome is Outcome.SYSTEMIC]
+                                        if a.result.outcome in RELEASING]
         if release:
             summary.released += release_claimed(conn, claim.token, release, now=now,
                                                 delay_seconds=release_delay_seconds)

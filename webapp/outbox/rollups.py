@@ -1,8 +1,10 @@
 """Rollups of final facts, so the dashboard never counts the sent rows on a poll.
 
-Sent is final: sent events are folded into ``usage_sent_rollup`` (per UTC day of occurrence,
+Sent events are folded into ``usage_sent_rollup`` (per UTC day of occurrence,
 tenant and meter) with a running total, and calls to Stripe into ``attempt_rollup`` (per
-outcome and latency bucket) for /metrics. A rollup's *mark* says what it holds: rows stamped
+outcome and latency bucket) for /metrics. An event that leaves ``sent`` (Stripe rejected it,
+a person cancelled it) is taken out again in the same transaction (:func:`unfold_sent`). A
+rollup's *mark* says what it holds: rows stamped
 (``sent_at``/``attempted_at``) before its watermark **and** with an id up to its id mark. A
 read adds the rollup to the rows outside it — stamped after the watermark, or written after
 the last fold (a back-fill of history is caught this way) — reading the mark in the same
@@ -17,6 +19,7 @@ everything else here only reads.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -198,3 +201,42 @@ def _fold_attempts(conn: Connection, mark: Mark, high: datetime) -> None:
     conn.execute(sa_update(ROLLUP_STATE).where(ROLLUP_STATE.c.name == ATTEMPT_CALLS).values(
         watermark=high, id_mark=last_id,
         events=ROLLUP_STATE.c.events + sum(int(g.attempts) for g in groups)))
+
+
+def lock_sent_mark(conn: Connection) -> Mark:
+    """The sent-usage rollup's mark, locked until the caller's transaction ends (a fold waits,
+    or skips its turn). Take it *before* moving events out of ``sent``: then a fold either
+    finished first (and :func:`unfold_sent` takes out what it folded) or runs after (and no
+    longer sees them as sent)."""
+    conn.execute(insert_for(conn, ROLLUP_STATE).values(name=SENT_USAGE, watermark=EPOCH,
+                                                       id_mark=0, events=0, quantity=0)
+                 .on_conflict_do_nothing(index_elements=[ROLLUP_STATE.c.name]))
+    conn.execute(select(ROLLUP_STATE.c.name).where(ROLLUP_STATE.c.name == SENT_USAGE)
+                 .with_for_update())
+    return read_mark(conn, SENT_USAGE)
+
+
+def unfold_sent(conn: Connection, mark: Mark, rows: Sequence[Any]) -> int:
+    """Take events that just left ``sent`` (rejected, cancelled) out of the rollup if it
+    holds them, under the lock of :func:`lock_sent_mark`. ``rows`` carry ``id``, ``sent_at``,
+    ``occurred_at``, ``tenant_id``, ``meter``, ``quantity`` as they were while sent. Returns
+    how many were folded and taken out."""
+    folded = [r for r in rows if (at := as_utc(r.sent_at)) is not None and at < mark.at
+              and int(r.id) <= mark.id]
+    if not folded:
+        return 0
+    groups: dict[tuple[str, str, str], list[int]] = {}
+    for r in folded:
+        day = (as_utc(r.occurred_at) or EPOCH).date().isoformat()
+        counts = groups.setdefault((day, r.tenant_id, r.meter), [0, 0])
+        counts[0] += 1
+        counts[1] += int(r.quantity)
+    for (day, tenant, meter), (events, quantity) in groups.items():
+        conn.execute(sa_update(SENT_ROLLUP).where(
+            SENT_ROLLUP.c.day == day, SENT_ROLLUP.c.tenant_id == tenant,
+            SENT_ROLLUP.c.meter == meter).values(events=SENT_ROLLUP.c.events - events,
+                                                 quantity=SENT_ROLLUP.c.quantity - quantity))
+    conn.execute(sa_update(ROLLUP_STATE).where(ROLLUP_STATE.c.name == SENT_USAGE).values(
+        events=ROLLUP_STATE.c.events - len(folded),
+        quantity=ROLLUP_STATE.c.quantity - sum(int(r.quantity) for r in folded)))
+    return len(folded)

@@ -44,8 +44,14 @@ from ..models import (
     Control,
     DeliveryAttempt,
     OutboxEvent,
+    ReconciliationMismatch,
+    ReconciliationRun,
     RollupState,
     SentUsageRollup,
+    StripeErrorSample,
+    StripeEvent,
+    StripeMeter,
+    SyncState,
     Tenant,
     User,
 )
@@ -61,6 +67,12 @@ CONTROL = cast(Table, Control.__table__)
 ROLLUP_STATE = cast(Table, RollupState.__table__)
 SENT_ROLLUP = cast(Table, SentUsageRollup.__table__)
 ATTEMPT_ROLLUP = cast(Table, AttemptRollup.__table__)
+STRIPE_METERS = cast(Table, StripeMeter.__table__)
+STRIPE_EVENTS = cast(Table, StripeEvent.__table__)
+ERROR_SAMPLES = cast(Table, StripeErrorSample.__table__)
+SYNC_STATE = cast(Table, SyncState.__table__)
+RECON_RUNS = cast(Table, ReconciliationRun.__table__)
+RECON_MISMATCHES = cast(Table, ReconciliationMismatch.__table__)
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -97,7 +109,7 @@ IDLE_UNSENT = T.c.status.not_in([sql_str("sent"), sql_str("processing")])
 #: Pending or retrying: the predicate of ``ix_outbox_waiting_created``, the complement of the
 #: other statuses (so SQLite never takes that index for the claim's).
 WAITING_IDLE = T.c.status.not_in([sql_str(s) for s in ("sent", "processing", "dead",
-                                                        "resolved")])
+                                                        "resolved", "rejected", "cancelled")])
 #: Events in flight: the predicate of ``ix_outbox_processing_deadline``.
 IN_FLIGHT = T.c.status == sql_str("processing")
 

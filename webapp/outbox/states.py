@@ -11,10 +11,15 @@ Statuses, and what moves an event out of each:
                 outcome → sent / retrying / dead; release (lane busy, claim too short, paused,
                 systemic failure, graceful stop) → back to pending/retrying untouched;
                 deadline passed → the rescuer returns it to pending/retrying.
-``sent``        Stripe has it (200, or the duplicate-identifier 400). Final.
+``sent``        Stripe accepted it (200, or the duplicate-identifier 400). Accepted is not
+                billed: Stripe's error report → ``rejected``; a person's cancel within
+                Stripe's 24 hours → ``cancelled``.
 ``dead``        a person must decide: permanent error, retries exhausted, or the outcome is
                 unknown past Stripe's dedupe window. requeue → pending; resolve → resolved.
+``rejected``    Stripe accepted the call, then reported the event invalid: nothing billed. A
+                person fixes the cause and requeues it (under a new identifier), or resolves it.
 ``resolved``    a person closed it with a reason (billed manually, duplicate, …). Final.
+``cancelled``   cancelled at Stripe by a meter event adjustment: not billed. Final.
 
 The same moves are :data:`EDGES`, as data: :func:`allowed` answers whether a move may start
 from a status, and a table test walks every edge. Only :mod:`webapp.outbox` writes ``status``.
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -45,11 +51,19 @@ class Status(StrEnum):
     SENT = "sent"
     DEAD = "dead"
     RESOLVED = "resolved"
+    REJECTED = "rejected"
+    CANCELLED = "cancelled"
 
 
 ALL_STATUSES = tuple(s.value for s in Status)
 CLAIMABLE = (Status.PENDING.value, Status.RETRYING.value)
-FINAL = (Status.SENT.value, Status.RESOLVED.value)
+FINAL = (Status.RESOLVED.value, Status.CANCELLED.value)
+#: Waiting for a person: dead (not delivered) or rejected (delivered, then refused).
+NEEDS_A_PERSON = (Status.DEAD.value, Status.REJECTED.value)
+#: Stripe accepts a meter event adjustment only this long after it received the event; a
+#: cancel is refused a little earlier, so a call made at the edge is not refused by Stripe.
+CANCEL_WINDOW = timedelta(hours=24)
+CANCEL_MARGIN = timedelta(minutes=10)
 
 
 class Outcome(StrEnum):
@@ -59,7 +73,13 @@ class Outcome(StrEnum):
     NOT_EXECUTED = "not_executed"  # 429, 409, 503, connection refused: Stripe did nothing
     UNKNOWN = "unknown"            # timeout / reset after sending, 500/502/504: maybe applied
     PERMANENT = "permanent"        # any other 400: resending cannot help
-    SYSTEMIC = "systemic"          # 401/403/404 endpoint, missing meter: nobody can send
+    SYSTEMIC = "systemic"          # 401/403/404 endpoint: nobody can send
+    METER_MISSING = "meter_missing"  # no active meter for the event name: its events wait
+
+
+#: Outcomes that never change the event: it is released untouched (and sending paused, or
+#: its meter marked missing).
+RELEASING = frozenset({Outcome.SYSTEMIC, Outcome.METER_MISSING})
 
 
 #: Outcomes that spend one of the event's OUTBOX_MAX_ATTEMPTS.
@@ -144,13 +164,13 @@ def transition(ev: EventView, result: CallResult, *, attempted_at: datetime,
                now: datetime, policy: Policy, rng: random.Random | None = None) -> Transition:
     """The event's next state after ``result``, a call started at ``attempted_at``.
 
-    Raises ``ValueError`` for a SYSTEMIC result: those never change the event (the caller
-    releases it and pauses sending).
+    Raises ``ValueError`` for a SYSTEMIC or METER_MISSING result: those never change the
+    event (the caller releases it and pauses sending, or marks the meter missing).
     """
     if ev.status != Status.PROCESSING:
         raise ValueError(f"only a processing event has an outcome, not {ev.status!r}")
-    if result.outcome is Outcome.SYSTEMIC:
-        raise ValueError("a systemic failure does not change the event; release it")
+    if result.outcome in RELEASING:
+        raise ValueError(f"{result.outcome.value} does not change the event; release it")
     counted = result.outcome in COUNTED
     attempts = ev.attempt_count + (1 if counted else 0)
     calls = ev.call_count + 1
@@ -215,6 +235,8 @@ class Move(StrEnum):
     RESCUE = "rescue"        # its claim expired: back to the queue (rescuer)
     REQUEUE = "requeue"      # a person sends it again
     RESOLVE = "resolve"      # a person closes it with a reason
+    REJECT = "reject"        # Stripe's error report names it (the events poll, the webhook)
+    CANCEL = "cancel"        # a person cancels it at Stripe (a meter event adjustment)
 
 
 @dataclass(frozen=True)
@@ -238,6 +260,10 @@ EDGES: tuple[Edge, ...] = (
     Edge(_R, Move.RESCUE, _W),
     Edge(Status.DEAD.value, Move.REQUEUE, _P),
     Edge(Status.DEAD.value, Move.RESOLVE, Status.RESOLVED.value),
+    Edge(Status.SENT.value, Move.REJECT, Status.REJECTED.value),
+    Edge(Status.SENT.value, Move.CANCEL, Status.CANCELLED.value),
+    Edge(Status.REJECTED.value, Move.REQUEUE, _P),
+    Edge(Status.REJECTED.value, Move.RESOLVE, Status.RESOLVED.value),
 )
 
 
@@ -255,15 +281,15 @@ class RequeueCheck(StrEnum):
     """What a requeue may do with one event: the one rule the CLI, the web pages and the
     bulk preview all apply (through :func:`requeue_check`)."""
 
-    OK = "ok"              # sent again, same identifier
+    OK = "ok"              # sent again (dead: same identifier; rejected: a new one)
     FORCE = "force"        # outcome unknown past Stripe's dedupe window: only when forced
     TOO_OLD = "too_old"    # past Stripe's 35-day limit: Stripe would refuse it; resolve it
-    NOT_DEAD = "not_dead"  # only dead events are requeued
+    WRONG_STATUS = "wrong_status"  # only dead and rejected events are requeued
 
 
 #: Why a requeue refuses an event, in words a person acts on.
 REQUEUE_REFUSALS = {
-    RequeueCheck.NOT_DEAD: "only dead events can be requeued",
+    RequeueCheck.WRONG_STATUS: "only dead or rejected events can be requeued",
     RequeueCheck.TOO_OLD: "occurred more than 35 days ago; Stripe would reject it (resolve it "
                           "instead, e.g. billed manually)",
     RequeueCheck.FORCE: "its outcome is unknown and older than Stripe's dedupe window; Stripe "
@@ -317,10 +343,13 @@ Condition = StatusIn | Equals | OlderThan | AnyOf | Not
 #: The requeue rule, as data: the first condition that holds gives the verdict, else ``OK``.
 #: ``TOO_OLD`` comes before ``FORCE``: no force makes Stripe accept a timestamp over 35 days
 #: old. ``webapp.outbox.sql.rule_sql`` compiles the same rule for a bulk preview.
+#: A rejected event goes out under a new identifier, so no dedupe window can make it bill
+#: twice: only its age matters.
 REQUEUE_RULE: tuple[tuple[Condition, RequeueCheck], ...] = (
     (Not(StatusIn(tuple(e.source for e in EDGES if e.move is Move.REQUEUE))),
-     RequeueCheck.NOT_DEAD),
+     RequeueCheck.WRONG_STATUS),
     (OlderThan("occurred_at", REQUEUE_AGE_LIMIT, strict=True), RequeueCheck.TOO_OLD),
+    (StatusIn((Status.REJECTED.value,)), RequeueCheck.OK),
     (AnyOf((Equals("dead_reason", DEAD_PAST_WINDOW), OlderThan("first_unknown_at", None))),
      RequeueCheck.FORCE),
 )
@@ -360,3 +389,55 @@ def requeue_check(*, status: str, occurred_at: datetime, dead_reason: str | None
 def requeue_permitted(check: RequeueCheck, *, force: bool) -> bool:
     """Whether a requeue (forced or not) goes ahead for an event of this check."""
     return check is RequeueCheck.OK or (check is RequeueCheck.FORCE and force)
+
+
+def requeue_identifier(key: str, generation: int) -> str:
+    """The identifier a rejected event is sent under after its ``generation``-th requeue:
+    ``<key>~r<n>``. Stripe may still hold the rejected identifier in its dedupe set, so the
+    same one could be answered "already exists" and never billed; nothing was billed under
+    it, so a new one cannot bill twice. A key too long for the suffix within Stripe's 100
+    characters is cut, and a digest of the whole key keeps the result unique."""
+    if generation < 1:
+        raise ValueError("a requeued identifier has a generation of at least 1")
+    plain = f"{key}~r{generation}"
+    if len(plain) <= 100:
+        return plain
+    digest = hashlib.blake2b(key.encode(), digest_size=6).hexdigest()
+    tail = f"~{digest}~r{generation}"
+    return key[:100 - len(tail)] + tail
+
+
+_RETRY_KEY = re.compile(r":r[0-9]+:[0-9a-f]{12}$")
+
+
+def identifier_of(requested: str) -> str:
+    """The identifier a Stripe error sample names: ``request.identifier`` is the identifier
+    itself or, by the SDK's account of it, the request's idempotency key, which after a 5xx
+    is ``<identifier>:rN:<digest>`` (:func:`idempotency_key`): that suffix is dropped."""
+    return _RETRY_KEY.sub("", requested)
+
+
+class CancelCheck(StrEnum):
+    """Whether a cancel (a meter event adjustment) may be asked of Stripe for an event."""
+
+    OK = "ok"
+    NOT_SENT = "not_sent"      # only events Stripe accepted can be cancelled
+    TOO_LATE = "too_late"      # Stripe accepts adjustments only within 24 hours
+
+
+#: Why a cancel refuses an event, in words a person acts on.
+CANCEL_REFUSALS = {
+    CancelCheck.NOT_SENT: "only sent events can be cancelled",
+    CancelCheck.TOO_LATE: "Stripe accepted it more than 24 hours ago, and accepts a "
+                          "cancellation only within 24 hours; correct it on the invoice "
+                          "instead (or with a negative event)",
+}
+
+
+def cancel_check(*, status: str, sent_at: datetime | None, now: datetime) -> CancelCheck:
+    """Whether the event can still be cancelled at Stripe."""
+    if not allowed(status, Move.CANCEL):
+        return CancelCheck.NOT_SENT
+    if sent_at is None or now - sent_at >= CANCEL_WINDOW - CANCEL_MARGIN:
+        return CancelCheck.TOO_LATE
+    return CancelCheck.OK

@@ -209,11 +209,11 @@ def requeue_preview(engine: Engine, filters: DeadFilters, *, now: datetime,
 
 def classify_for_requeue(engine: Engine, ids: Sequence[int], *, now: datetime,
                          window_seconds: float) -> dict[str, list[int]]:
-    """The given events by requeue check (``ok``/``force``/``too_old``/``not_dead``; an id
-    naming no event counts as ``not_dead``), as the requeue itself would judge them."""
+    """The given events by requeue check (``ok``/``force``/``too_old``/``wrong_status``; an id
+    naming no event counts as ``wrong_status``), as the requeue itself would judge them."""
     out: dict[str, list[int]] = {c.value: [] for c in RequeueCheck}
     with reading(engine) as conn:
         checks = requeue_checks(conn, ids, now=now, window_seconds=window_seconds)
     for i in ids:
-        out[(checks[i] or RequeueCheck.NOT_DEAD).value].append(i)
+        out[(checks[i] or RequeueCheck.WRONG_STATUS).value].append(i)
     return out

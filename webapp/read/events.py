@@ -10,6 +10,7 @@ from sqlalchemy import Engine, select
 
 from ..db import reading
 from ..outbox.sql import ATTEMPTS, AUDIT, AUDIT_EVENTS, TENANTS, T, row_dict
+from .stripe_side import samples_for_event
 
 
 @dataclass(frozen=True)
@@ -18,6 +19,8 @@ class EventDetail:
     attempts: list[dict[str, Any]]
     audit: list[dict[str, Any]]
     tenant: dict[str, Any] | None
+    #: Stripe's error samples that named this event (its rejections, past and present).
+    samples: list[dict[str, Any]]
 
 
 def event_detail(engine: Engine, event_id: int) -> EventDetail | None:
@@ -34,15 +37,19 @@ def event_detail(engine: Engine, event_id: int) -> EventDetail | None:
             select(AUDIT).join(AUDIT_EVENTS, AUDIT_EVENTS.c.audit_id == AUDIT.c.id)
             .where(AUDIT_EVENTS.c.event_id == event_id).order_by(AUDIT.c.id.desc()))]
         tenant = conn.execute(select(TENANTS).where(TENANTS.c.tenant_id == row.tenant_id)).first()
-    return EventDetail(row_dict(row), attempts, audit, row_dict(tenant) if tenant else None)
+        samples = samples_for_event(conn, event_id)
+    return EventDetail(row_dict(row), attempts, audit, row_dict(tenant) if tenant else None,
+                       samples)
 
 
 def find_event(engine: Engine, q: str) -> int | None:
-    """The id of the event whose id or idempotency key is ``q``, if any."""
+    """The id of the event whose id, idempotency key or Stripe identifier is ``q``, if any."""
     with reading(engine) as conn:
         if q.isdigit() and len(q) <= 18:
             found = conn.execute(select(T.c.id).where(T.c.id == int(q))).scalar()
             if found is not None:
                 return int(found)
         found = conn.execute(select(T.c.id).where(T.c.idempotency_key == q)).scalar()
+        if found is None:
+            found = conn.execute(select(T.c.id).where(T.c.stripe_identifier == q)).scalar()
     return None if found is None else int(found)

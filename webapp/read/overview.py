@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import Connection, Engine, func, literal, select
 
 from ..db import reading
+from ..outbox import sync
 from ..outbox.control import PauseState
 from ..outbox.sql import ATTEMPTS, T, epoch_bucket, status_is
 from .counts import (
@@ -21,6 +22,8 @@ from .counts import (
     status_counts,
     unmapped_tenants,
 )
+from .reconciliation import RunSummary, last_run
+from .stripe_side import WaitingForMeter, waiting_for_meters
 
 OLDEST_PENDING_ALERT = timedelta(minutes=15)
 
@@ -65,6 +68,9 @@ class Overview:
     near_limit: int
     over_limit: int
     unmapped: list[UnmappedTenant]
+    events_read: sync.SyncStatus
+    last_reconciliation: RunSummary | None
+    waiting_for_meters: list[WaitingForMeter]
     alerts: list[Alert] = field(default_factory=list)
 
     @property
@@ -101,8 +107,11 @@ def overview(engine: Engine, *, now: datetime, stripe_mode: str = "test",
             status_is("dead"), T.c.dead_at >= now - timedelta(days=1))).scalar_one())
         near, over = age_limits(conn, now)
         unmapped = unmapped_tenants(conn)
+        events_read = sync.sync_status(conn, sync.EVENTS)
+        reconciled = last_run(conn)
+        meters = waiting_for_meters(conn)
     ov = Overview(now, counts, oldest, per_minute, per_hour, hour, day, sending, dead_day,
-                  near, over, unmapped)
+                  near, over, unmapped, events_read, reconciled, meters)
     ov.alerts.extend(_alerts(ov, stripe_mode, oldest_alert))
     return ov
 
@@ -159,6 +168,26 @@ def _alerts(ov: Overview, stripe_mode: str, oldest_alert: timedelta) -> list[Ale
                             f"{ov.near_limit:,} events within 7 days of the 35-day limit",
                             "unsent events that Stripe will reject once 35 days old",
                             "dead_letters.index", {"age": "near_limit"}))
+    if ov.counts.get("rejected"):
+        n = ov.counts["rejected"]
+        alerts.append(Alert("critical", f"{n:,} event{'s' if n != 1 else ''} rejected by Stripe",
+                            "Stripe accepted them, then reported them invalid: nothing was "
+                            "billed. Fix the cause, then requeue or resolve them.",
+                            "rejected.index"))
+    for w in ov.waiting_for_meters:
+        alerts.append(Alert("critical", f"{w.events:,} events wait for meter {w.meter}",
+                            f"Stripe has no active meter named {w.meter!r} ({w.status}): "
+                            "create or reactivate it in Stripe; they go out once it exists.",
+                            "stripe_side.index"))
+    rec = ov.last_reconciliation
+    if rec is not None and rec.mismatches:
+        alerts.append(Alert("critical", f"Reconciliation found {rec.mismatches:,} "
+                            f"mismatch{'es' if rec.mismatches != 1 else ''}",
+                            "Stripe's totals differ from the units sent for some customers "
+                            "and days.", "reconciliation.index"))
+    if ov.events_read.ok is False:
+        alerts.append(Alert("warning", "Stripe's error reports could not be read",
+                            ov.events_read.detail or "", "stripe_side.index"))
     if ov.unmapped:
         names = ", ".join(u.tenant_id for u in ov.unmapped[:5])
         more = f" and {len(ov.unmapped) - 5} more" if len(ov.unmapped) > 5 else ""

@@ -26,7 +26,9 @@ from ..outbox.sql import (
 from .counts import Freshness, UnmappedTenant, rollup_freshness, unmapped_tenants
 from .paging import Cursor, Page, keyset
 
-USAGE_STATUSES = ("sent", "pending", "retrying", "dead", "resolved")
+#: The usage table's columns. Rejected and cancelled events were accepted by Stripe but are
+#: not billed: they are shown apart from ``sent``, never inside it.
+USAGE_STATUSES = ("sent", "pending", "retrying", "rejected", "dead", "cancelled", "resolved")
 
 
 @dataclass
@@ -92,7 +94,7 @@ def usage_in(conn: Connection, *, start: date, end: date,
     span = [T.c.occurred_at >= lo, T.c.occurred_at < hi]
     if tenant_id is not None:
         span.append(T.c.tenant_id == tenant_id)
-    for where in ((status_in(("pending", "retrying", "dead", "resolved")), IDLE_UNSENT),
+    for where in ((status_in(tuple(s for s in USAGE_STATUSES if s != "sent")), IDLE_UNSENT),
                   (IN_FLIGHT,)):
         for t, m, s, n, q in conn.execute(
                 select(T.c.tenant_id, T.c.meter, T.c.status, func.count(),

@@ -22,15 +22,19 @@ def register_blueprints(app: Flask) -> None:
         events,
         health,
         metrics,
+        reconciliation,
+        rejected,
         security,
+        stripe_side,
         templating,
         tenants,
         users,
+        webhook,
     )
 
     security.init_app(app)
     templating.init_app(app)
     errors.init_app(app)
-    for module in (health, metrics, auth, dashboard, tenants, dead_letters, events, audit,
-                   users):
+    for module in (health, metrics, webhook, auth, dashboard, tenants, dead_letters, rejected,
+                   events, reconciliation, stripe_side, audit, users):
         app.register_blueprint(module.bp)

@@ -35,7 +35,8 @@ def _svc() -> Services:
     return services_of(current_app)
 
 
-def _actor() -> str:
+def actor() -> str:
+    """Who runs a command, for the audit log: ``cli:<login>``."""
     try:
         return f"cli:{getpass.getuser()}"
     except Exception:  # noqa: BLE001 - no login name in some containers
@@ -164,7 +165,7 @@ def tenants_set(tenant_id: str, stripe_customer: str, name: str | None) -> None:
     from ..outbox.operations import set_tenant
 
     set_tenant(_svc().engine, tenant_id, stripe_customer_id=stripe_customer, name=name,
-               now=_svc().clock(), actor=_actor())
+               now=_svc().clock(), actor=actor())
     click.echo(f"{tenant_id} -> {stripe_customer}")
 
 
@@ -202,7 +203,7 @@ def users_create(email: str, role: str, password_stdin: bool) -> None:
         password = sys.stdin.readline().rstrip("\r\n")
     else:
         password = click.prompt("Password", hide_input=True, confirmation_prompt=True)
-    create_user(_svc().engine, email, password, role, now=_svc().clock(), actor=_actor())
+    create_user(_svc().engine, email, password, role, now=_svc().clock(), actor=actor())
     click.echo(f"created {email.strip().lower()} ({role})")
 
 
@@ -233,14 +234,14 @@ def enqueue(tenant: str, quantity: int, key: str, meter: str | None,
               help="Also requeue events whose outcome is unknown past Stripe's 24-hour dedupe "
                    "window. Stripe may already have them: check before forcing, or bill twice.")
 def requeue(ids: tuple[int, ...], force: bool) -> None:
-    """Send dead events again (a fresh attempt budget; same identifier and timestamp)."""
+    """Send dead or rejected events again (rejected ones under a new identifier)."""
     from ..outbox.operations import requeue as do_requeue
 
     svc = _svc()
     if force:
         click.echo("warning: --force resends events Stripe may already have recorded; "
                    "a resend outside its dedupe window bills twice.", err=True)
-    result = do_requeue(svc.engine, ids, actor=_actor(), now=_svc().clock(), force=force,
+    result = do_requeue(svc.engine, ids, actor=actor(), now=_svc().clock(), force=force,
                         window_seconds=svc.settings.dedupe_window_seconds)
     click.echo(f"requeued {len(result.event_ids)} event(s)")
 
@@ -252,10 +253,10 @@ def requeue(ids: tuple[int, ...], force: bool) -> None:
                                  "written_off", "other"]))
 @click.option("--note", required=True)
 def resolve(ids: tuple[int, ...], reason: str, note: str) -> None:
-    """Close dead events by hand, with a reason and a note (kept in history)."""
+    """Close dead or rejected events by hand, with a reason and a note (kept in history)."""
     from ..outbox.operations import resolve as do_resolve
 
-    result = do_resolve(_svc().engine, ids, actor=_actor(), reason=reason, note=note,
+    result = do_resolve(_svc().engine, ids, actor=actor(), reason=reason, note=note,
                         now=_svc().clock())
     click.echo(f"resolved {len(result.event_ids)} event(s)")
 
@@ -266,7 +267,7 @@ def pause(reason: str | None) -> None:
     """Stop sending, for every worker, until ``resume``."""
     from ..outbox.operations import pause as do_pause
 
-    do_pause(_svc().engine, actor=_actor(), reason=reason, now=_svc().clock())
+    do_pause(_svc().engine, actor=actor(), reason=reason, now=_svc().clock())
     click.echo("sending paused")
 
 
@@ -275,7 +276,7 @@ def resume() -> None:
     """Restart sending."""
     from ..outbox.operations import resume as do_resume
 
-    do_resume(_svc().engine, actor=_actor(), now=_svc().clock())
+    do_resume(_svc().engine, actor=actor(), now=_svc().clock())
     click.echo("sending resumed")
 
 
@@ -285,7 +286,9 @@ COMMANDS: list[click.Command] = [db_group, serve, worker, drain, stats, tenants,
 
 def register_commands(app: Flask) -> None:
     """Add the commands to ``app.cli`` (so ``flask --app webapp …`` has them too)."""
-    for command in COMMANDS:
+    from . import cli_stripe
+
+    for command in COMMANDS + cli_stripe.COMMANDS:
         app.cli.add_command(command)
 
 

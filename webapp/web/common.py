@@ -18,6 +18,7 @@ from flask import (
     render_template,
     request,
 )
+from itsdangerous import BadSignature, URLSafeTimedSerializer
 
 from ..read.paging import Cursor
 from ..services import Services, services_of
@@ -37,6 +38,35 @@ def now() -> datetime:
     if "now" not in g:
         g.now = svc().clock()
     return g.now  # type: ignore[no-any-return]
+
+
+# -- previews of bulk actions ---------------------------------------------------------------------
+
+#: Seconds a bulk action's preview stays actionable.
+SNAPSHOT_MAX_AGE = 3600
+
+
+def _snapshots(salt: str) -> URLSafeTimedSerializer:
+    return URLSafeTimedSerializer(current_app.config["SECRET_KEY"], salt=salt)
+
+
+def sign_snapshot(salt: str, user_id: int, **content: Any) -> str:
+    """A preview's ids and filters, signed for the person who saw it (the form's token): the
+    action then applies to exactly what was shown, never to what matches by then."""
+    return _snapshots(salt).dumps({**content, "uid": user_id})
+
+
+def read_snapshot(salt: str, user_id: int) -> dict[str, Any]:
+    """The form's signed preview (``snapshot``): 400 if forged, older than
+    ``SNAPSHOT_MAX_AGE`` or another person's."""
+    try:
+        snap = _snapshots(salt).loads(request.form.get("snapshot", ""),
+                                      max_age=SNAPSHOT_MAX_AGE)
+    except BadSignature:
+        abort(400, "This preview is invalid or older than an hour; preview again.")
+    if not isinstance(snap, dict) or snap.get("uid") != user_id:
+        abort(400, "This preview belongs to another user; preview again.")
+    return snap
 
 
 # -- rendering -------------------------------------------------------------------------------------

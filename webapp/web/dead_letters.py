@@ -10,20 +10,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Blueprint, abort, current_app, flash, redirect, request, url_for
+from flask import Blueprint, abort, flash, redirect, request, url_for
 from flask.typing import ResponseReturnValue
-from itsdangerous import BadSignature, URLSafeTimedSerializer
 
 from ..outbox import operations
 from ..read import dead_letters as reads
 from ..read.paging import MAX_PAGE
-from .common import cursor_arg, form_ids, int_arg, now, render, svc
+from .common import cursor_arg, form_ids, int_arg, now, read_snapshot, render, sign_snapshot, svc
 from .errors import back_to
 from .security import current_user, require_role, safe_next
 
 bp = Blueprint("dead_letters", __name__)
+#: Signs the preview of a bulk requeue (see ``common.sign_snapshot``).
+SNAPSHOT_SALT = "requeue-all-v1"
 
-SNAPSHOT_MAX_AGE = 3600  # seconds a preview stays actionable
 
 
 def _filters(source: Any = None) -> reads.DeadFilters:
@@ -41,9 +41,6 @@ def _filters(source: Any = None) -> reads.DeadFilters:
 def _window() -> float:
     return svc().settings.dedupe_window_seconds
 
-
-def _serializer() -> URLSafeTimedSerializer:
-    return URLSafeTimedSerializer(current_app.config["SECRET_KEY"], salt="requeue-all-v1")
 
 
 @bp.get("/dead-letters")
@@ -81,7 +78,7 @@ def requeue() -> ResponseReturnValue:
         return redirect(back, code=303)
     classes = reads.classify_for_requeue(svc().engine, ids, now=now(),
                                            window_seconds=_window())
-    if classes["not_dead"] or classes["too_old"]:
+    if classes["wrong_status"] or classes["too_old"]:
         flash(_refusal(classes), "error")
         return redirect(back, code=303)
     force = request.form.get("force") == "1"
@@ -118,8 +115,8 @@ def requeue_all_preview() -> ResponseReturnValue:
                                       window_seconds=_window())
     user = current_user()
     assert user is not None
-    token = _serializer().dumps({"ok": preview.ok_ids, "force": preview.force_ids,
-                                 "uid": user.id, "filters": filters.params()})
+    token = sign_snapshot(SNAPSHOT_SALT, user.id, ok=preview.ok_ids, force=preview.force_ids,
+                          filters=filters.params())
     return render("dead_letters/preview.html", p=preview, f=filters, token=token,
                   max_bulk=reads.MAX_BULK)
 
@@ -130,12 +127,7 @@ def requeue_all() -> ResponseReturnValue:
     """Requeue exactly the previewed ids (and the forced ones only if confirmed)."""
     user = current_user()
     assert user is not None
-    try:
-        snap = _serializer().loads(request.form.get("snapshot", ""), max_age=SNAPSHOT_MAX_AGE)
-    except BadSignature:
-        abort(400, "This preview is invalid or older than an hour; preview again.")
-    if snap.get("uid") != user.id:
-        abort(400, "This preview belongs to another user; preview again.")
+    snap = read_snapshot(SNAPSHOT_SALT, user.id)
     ok = [int(i) for i in snap.get("ok", [])]
     forced = [int(i) for i in snap.get("force", [])]
     if request.form.get("include_forced") != "yes":
@@ -176,8 +168,8 @@ def _do_requeue(ok: list[int], forced: list[int], back: str, *, note: str | None
 
 def _refusal(classes: dict[str, list[int]]) -> str:
     parts = []
-    if classes["not_dead"]:
-        parts.append("not dead (any more): " + _ids(classes["not_dead"]))
+    if classes["wrong_status"]:
+        parts.append("neither dead nor rejected (any more): " + _ids(classes["wrong_status"]))
     if classes["too_old"]:
         parts.append("past Stripe's 35-day limit, resolve them instead: "
                      + _ids(classes["too_old"]))

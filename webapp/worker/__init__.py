@@ -6,18 +6,29 @@ What the rest of the product may use (``webapp.web`` imports nothing deeper):
 - :class:`Maintenance` with :func:`services_for` — the rescuer of expired claims and the
   rollup folder, each with a ``run_once()``, run on their cadence;
 - :class:`Rescuer`, :class:`RollupFolder` — those services, for a scheduler of its own;
-- :func:`freeze_startup_objects` — the ``worker`` command's garbage-collector tweak.
+- :class:`MeterRefresher`, :class:`EventPoller` (with :func:`store_report`),
+  :func:`reconcile` and :class:`Reconciler`, :func:`cancel_events` — the exchanges with
+  Stripe after its 200 (meters, error reports, reconciliation, cancel);
+- :func:`freeze_startup_objects` — the ``worker`` command's garbage-collector tweak;
+  :func:`gateway_from` — the Stripe gateway the settings describe.
 
 Inside: ``drainer`` (the pass), ``pipeline`` (the loop), ``sending`` (lanes in parallel,
 one call per lane), ``lanes/`` (one module per backend), ``shards``, ``throttle``,
 ``breaker``, ``rescuer``, ``folder``, ``maintenance``, ``process``.
 """
 
+from .cancelling import CancelOutcome, cancel_events
 from .drainer import Drainer, DrainSummary
 from .folder import RollupFolder
 from .maintenance import Maintenance, Scheduled, services_for
-from .process import freeze_startup_objects
+from .meters import MeterRefresher
+from .process import freeze_startup_objects, gateway_from
+from .reconciler import Reconciler, reconcile
 from .rescuer import Rescuer
+from .stripe_events import EventPoller, PollSummary
+from .stripe_events import store as store_report
 
-__all__ = ["DrainSummary", "Drainer", "Maintenance", "Rescuer", "RollupFolder", "Scheduled",
-           "freeze_startup_objects", "services_for"]
+__all__ = ["CancelOutcome", "DrainSummary", "Drainer", "EventPoller", "Maintenance",
+           "MeterRefresher", "PollSummary", "Reconciler", "Rescuer", "RollupFolder",
+           "Scheduled", "cancel_events", "freeze_startup_objects", "gateway_from", "reconcile",
+           "services_for", "store_report"]

@@ -33,10 +33,12 @@ from ..config import Settings
 from ..db import reading
 from ..models import utcnow
 from ..outbox import claims, control, record
+from ..outbox.meters import MeterInfo
 from ..outbox.states import CallResult
 from ..stripe_gateway import Gateway
 from .breaker import CircuitBreaker
 from .lanes import lane_locks
+from .meters import MeterCatalog, MeterRefresher, MeterSource
 from .process import gateway_from, policy_from, worker_name
 from .sending import Sender, Sent
 from .shards import ShardView
@@ -83,6 +85,7 @@ class Pass:
     claim: claims.Claim | None = None
     probing: bool = False
     sent: Sent = field(default_factory=Sent)
+    meters: dict[str, MeterInfo] | None = None
 
     @property
     def events(self) -> int:
@@ -112,7 +115,11 @@ class Drainer:
             limiter=RateLimiter(settings.stripe_max_requests_per_second, monotonic=monotonic),
             breaker=self.breaker, policy=self.policy, concurrency=settings.concurrency,
             safety_margin_seconds=settings.claim_safety_margin_seconds, clock=clock,
-            monotonic=monotonic, stopping=self.stopping, on_systemic=self._pause_systemic)
+            monotonic=monotonic, stopping=self.stopping, on_systemic=self._pause_systemic,
+            on_meter_missing=self._meter_missing)
+        #: Stripe's meters (when the gateway can list them): events of a meter that is not
+        #: active at Stripe are not claimed, and each is sent with its meter's payload keys.
+        self.meters: MeterCatalog | None = None
         self.gateway = gateway if gateway is not None or not use_default_gateway \
             else gateway_from(settings)
         self.pass_lock = threading.Lock()
@@ -138,6 +145,11 @@ class Drainer:
     @gateway.setter
     def gateway(self, value: Gateway | None) -> None:
         self.sender.gateway = value
+        self.meters = None
+        if isinstance(value, MeterSource):
+            refresher = MeterRefresher(self.engine, value, clock=self.clock)
+            self.meters = MeterCatalog(self.engine, refresher, monotonic=self.monotonic,
+                                       on_systemic=self._pause_systemic)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -210,17 +222,20 @@ class Drainer:
         # A batch comes from this worker's own shards first; a probe or a half-open breaker's
         # single call takes any event.
         skip, fill = self.lanes.shard_view() if limit > 1 and self.shards else ShardView()
+        p.meters = (self.meters.active(retry=p.probing) if self.meters is not None
+                    else None)
         p.claim = claims.claim_batch(
             self.engine, worker=self.worker, limit=limit, now=self.clock(),
             claim_timeout_seconds=self.settings.claim_timeout_seconds, avoid_lanes=avoid,
-            skip_shards=skip, fill_from_skipped=fill)
+            skip_shards=skip, fill_from_skipped=fill,
+            meters=None if p.meters is None else sorted(p.meters))
         summary.claimed = len(p.claim.events)
         return p
 
     def send(self, p: Pass) -> None:
         """Phase 2: send the claim's events (see :meth:`Sender.send`)."""
         assert p.claim is not None
-        p.sent = self.sender.send(p.claim)
+        p.sent = self.sender.send(p.claim, p.meters)
 
     def finish(self, p: Pass) -> None:
         """Phase 3: record the outcomes (token-guarded), resume after a good probe, log."""
@@ -260,6 +275,10 @@ class Drainer:
         if control.set_paused(self.engine, paused=True, reason=reason, kind=control.SYSTEMIC,
                               by=self.worker, now=self.clock()):
             log.error("sending paused for every worker: %s", reason)
+
+    def _meter_missing(self, event_name: str) -> None:
+        if self.meters is not None:
+            self.meters.mark_missing(event_name)
 
     def _record(self, claim: claims.Claim, sent: Sent, summary: DrainSummary) -> None:
         results = sent.results

@@ -16,7 +16,11 @@ from sqlalchemy import Engine
 
 from ..config import Settings
 from ..models import utcnow
-from . import folder, rescuer
+from ..stripe_gateway import StripeCallFailed
+from . import folder, reconciler, rescuer
+from .meters import MeterRefresher
+from .process import gateway_from
+from .stripe_events import EventPoller
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +43,23 @@ class Scheduled:
 
 def services_for(engine: Engine, settings: Settings, *,
                  clock: Callable[[], datetime] = utcnow) -> list[Scheduled]:
-    """The maintenance a draining process runs, with each service's cadence."""
-    return [Scheduled(rescuer.Rescuer(engine, clock=clock), rescuer.interval_seconds(settings)),
-            Scheduled(folder.RollupFolder(engine, settings, clock=clock),
-                      folder.INTERVAL_SECONDS)]
+    """The maintenance a draining process runs, with each service's cadence: the rescuer and
+    the rollup folder always; with ``STRIPE_API_KEY``, reading Stripe's meters, its error
+    reports, and reconciling when due."""
+    out = [Scheduled(rescuer.Rescuer(engine, clock=clock), rescuer.interval_seconds(settings)),
+           Scheduled(folder.RollupFolder(engine, settings, clock=clock),
+                     folder.INTERVAL_SECONDS)]
+    gateway = gateway_from(settings)
+    if gateway is None:
+        return out
+    meters = MeterRefresher(engine, gateway, clock=clock)
+    out += [Scheduled(meters, settings.meters_refresh_seconds),
+            Scheduled(EventPoller(engine, gateway, clock=clock, on_meter_codes=meters.run_once,
+                                  max_requests_per_second=settings.stripe_max_requests_per_second),
+                      settings.events_poll_seconds),
+            Scheduled(reconciler.Reconciler(engine, gateway, settings, clock=clock),
+                      reconciler.CHECK_SECONDS)]
+    return out
 
 
 class Maintenance:
@@ -65,6 +82,9 @@ class Maintenance:
                 self._due[i] = now + s.every_seconds
                 try:
                     s.service.run_once()
+                except StripeCallFailed as exc:  # Stripe's trouble, not ours: one line
+                    log.warning("maintenance %s: %s; trying again in %.0fs", s.service.name,
+                                exc, s.every_seconds)
                 except Exception:
                     log.exception("maintenance %s failed; trying again in %.0fs",
                                   s.service.name, s.every_seconds)

@@ -9,7 +9,7 @@ import socket
 
 from ..config import Settings
 from ..outbox.states import Policy
-from ..stripe_gateway import Gateway, StripeGateway
+from ..stripe_gateway import StripeGateway
 
 _frozen = False
 
@@ -45,11 +45,10 @@ def policy_from(settings: Settings) -> Policy:
                   dedupe_window_seconds=settings.dedupe_window_seconds)
 
 
-def gateway_from(settings: Settings) -> Gateway | None:
+def gateway_from(settings: Settings) -> StripeGateway | None:
     """The Stripe gateway, or None without ``STRIPE_API_KEY`` (then nothing is sent)."""
     if not settings.stripe_api_key:
         return None
     return StripeGateway(settings.stripe_api_key, api_base=settings.stripe_api_base,
                          timeout_seconds=settings.stripe_timeout_seconds,
-                         default_meter=settings.stripe_meter_event_name,
                          pool_size=settings.concurrency)

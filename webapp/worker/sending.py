@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from ..outbox.claims import Claim, ClaimedEvent
+from ..outbox.meters import DEFAULT_CUSTOMER_KEY, DEFAULT_VALUE_KEY, MeterInfo
 from ..outbox.record import AttemptRecord
 from ..outbox.states import DEAD_PAST_WINDOW, CallResult, Outcome, Policy, past_dedupe_window
 from ..stripe_gateway import Gateway, MeterEvent
@@ -66,6 +67,8 @@ class Sender:
     stopping: threading.Event
     #: Called with a systemic answer (401/403/…): the drainer pauses sending for everyone.
     on_systemic: Callable[[CallResult], None]
+    #: Called with an event name Stripe has no active meter for: its events wait.
+    on_meter_missing: Callable[[str], None]
     _pool: ThreadPoolExecutor | None = None
     _busy_elsewhere: dict[Lane, float] = field(default_factory=dict)  # lane -> until
     _busy_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -81,9 +84,10 @@ class Sender:
                 del self._busy_elsewhere[lane]
             return set(self._busy_elsewhere)
 
-    def send(self, claim: Claim) -> Sent:
+    def send(self, claim: Claim, meters: dict[str, MeterInfo] | None = None) -> Sent:
         """Send the claim's events, one call at a time per lane, holding the lanes (in this
-        process and, through the lane locks, in every other) until all returned."""
+        process and, through the lane locks, in every other) until all returned. ``meters``:
+        each meter's payload keys (None: Stripe's default keys)."""
         by_lane: dict[Lane, list[ClaimedEvent]] = {}
         for ev in claim.events:
             by_lane.setdefault(ev.lane, []).append(ev)
@@ -99,7 +103,7 @@ class Sender:
         abort = threading.Event()
         try:
             lanes = [evs for lane, evs in by_lane.items() if lane in held]
-            out.results = self._run_lanes(claim, lanes, abort)
+            out.results = self._run_lanes(claim, lanes, abort, meters or {})
         finally:
             out.aborted = abort.is_set()
             self.lanes.release(held)
@@ -111,19 +115,23 @@ class Sender:
             self._pool = None
 
     def _run_lanes(self, claim: Claim, lanes: list[list[ClaimedEvent]],
-                   abort: threading.Event) -> list[LaneResult]:
+                   abort: threading.Event, meters: dict[str, MeterInfo]) -> list[LaneResult]:
         if len(lanes) <= 1 or self.concurrency == 1:
-            return [self._send_lane(claim, evs, abort) for evs in lanes]
+            return [self._send_lane(claim, evs, abort, meters) for evs in lanes]
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=self.concurrency,
                                             thread_name_prefix="outbox-send")
-        futures = [self._pool.submit(self._send_lane, claim, evs, abort) for evs in lanes]
+        futures = [self._pool.submit(self._send_lane, claim, evs, abort, meters)
+                   for evs in lanes]
         return [f.result() for f in futures]
 
-    def _send_lane(self, claim: Claim, events: list[ClaimedEvent],
-                   abort: threading.Event) -> LaneResult:
+    def _send_lane(self, claim: Claim, events: list[ClaimedEvent], abort: threading.Event,
+                   meters: dict[str, MeterInfo]) -> LaneResult:
         """Send one lane's events in order, one call at a time."""
         out = LaneResult()
+        meter = meters.get(events[0].meter) if events else None
+        keys = ((meter.customer_key, meter.value_key) if meter is not None
+                else (DEFAULT_CUSTOMER_KEY, DEFAULT_VALUE_KEY))
         # The last moment a call may start: later, the claim could expire while it runs.
         latest = claim.deadline - timedelta(seconds=self.safety_margin_seconds)
         # Bound once: this loop runs for every event the drainer sends.
@@ -152,7 +160,7 @@ class Sender:
                 out.release.extend(rest(i))
                 break
             t0 = monotonic()
-            result = call(gateway, ev)
+            result = call(gateway, ev, keys)
             record(AttemptRecord(ev, result, now, int((monotonic() - t0) * 1000)))
             breaker.record(result.outcome)
             if result.outcome is Outcome.DELIVERED:
@@ -165,6 +173,11 @@ class Sender:
                 self.on_systemic(result)
                 out.release.extend(rest(i + 1))
                 break
+            if result.outcome is Outcome.METER_MISSING:
+                # The lane is one meter's: the rest of it waits for the meter too.
+                self.on_meter_missing(ev.meter)
+                out.release.extend(rest(i + 1))
+                break
             if result.outcome in (Outcome.NOT_EXECUTED, Outcome.UNKNOWN):
                 # The rest of this lane would meet the same trouble: leave it for later.
                 out.release_later.extend(rest(i + 1))
@@ -172,11 +185,12 @@ class Sender:
         return out
 
 
-def _call(gateway: Gateway, ev: ClaimedEvent) -> CallResult:
+def _call(gateway: Gateway, ev: ClaimedEvent, keys: tuple[str, str]) -> CallResult:
     """One call; an unexpected error counts as "outcome unknown" (it may have left)."""
     try:
         return gateway.send(MeterEvent(ev.meter, ev.stripe_customer_id, ev.quantity,
-                                       ev.identifier, ev.occurred_at), ev.idempotency_key)
+                                       ev.identifier, ev.occurred_at, *keys),
+                            ev.idempotency_key)
     except Exception as exc:
         log.exception("event %d: the gateway raised", ev.id)
         return CallResult(Outcome.UNKNOWN, error_class=type(exc).__name__,

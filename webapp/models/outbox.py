@@ -1,64 +1,14 @@
-"""The tables. Datetimes are timezone-aware (UTC) on both databases."""
+"""The outbox: tenants, events, the calls made for them, the sending switch, and the
+rollups of final facts."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-from typing import Any
+from datetime import datetime
 
-from sqlalchemy import (
-    BigInteger,
-    Boolean,
-    DateTime,
-    ForeignKey,
-    Index,
-    Integer,
-    MetaData,
-    String,
-    Text,
-    text,
-)
-from sqlalchemy.engine import Dialect
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
-from sqlalchemy.types import TypeDecorator
+from sqlalchemy import BigInteger, Boolean, Index, Integer, String, Text, text
+from sqlalchemy.orm import Mapped, mapped_column
 
-NAMING = {
-    "ix": "ix_%(column_0_label)s",
-    "uq": "uq_%(table_name)s_%(column_0_name)s",
-    "ck": "ck_%(table_name)s_%(constraint_name)s",
-    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
-    "pk": "pk_%(table_name)s",
-}
-
-#: Statuses a drainer may claim from. Kept in one place: the claim predicate and the partial
-#: index that serves it must agree.
-CLAIMABLE = ("pending", "retrying")
-
-
-class UTCDateTime(TypeDecorator[datetime]):
-    """``timestamptz`` on PostgreSQL; on SQLite a UTC string that reads back timezone-aware."""
-
-    impl = DateTime(timezone=True)
-    cache_ok = True
-
-    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
-        if value is None:
-            return None
-        if value.tzinfo is None:
-            raise ValueError("naive datetime given to a timezone-aware column")
-        value = value.astimezone(UTC)
-        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
-
-    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
-        if value is None:
-            return None
-        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-
-
-BigID = BigInteger().with_variant(Integer(), "sqlite")
-
-
-class Base(DeclarativeBase):
-    metadata = MetaData(naming_convention=NAMING)
+from .base import Base, BigID, UTCDateTime
 
 
 class Tenant(Base):
@@ -79,7 +29,8 @@ IN_FLIGHT_SQL = "status = 'processing'"
 #: Pending or retrying, written as the complement of the other statuses: the claim's own
 #: predicate is ``status IN ('pending', 'retrying')``, and SQLite must never take this
 #: index for the claim's.
-WAITING_IDLE_SQL = "status NOT IN ('sent', 'processing', 'dead', 'resolved')"
+WAITING_IDLE_SQL = ("status NOT IN ('sent', 'processing', 'dead', 'resolved', 'rejected', "
+                    "'cancelled')")
 
 
 class OutboxEvent(Base):
@@ -120,6 +71,21 @@ class OutboxEvent(Base):
     last_http_status: Mapped[int | None] = mapped_column(Integer)
     last_error_message: Mapped[str | None] = mapped_column(Text)
     last_request_id: Mapped[str | None] = mapped_column(String(255))
+    # The identifier Stripe knows the event by when it is not the idempotency key: set when a
+    # rejected event is requeued (``<key>~r<n>``, see ``states.requeue_identifier``), since
+    # Stripe may still hold the rejected one in its dedupe set.
+    stripe_identifier: Mapped[str | None] = mapped_column(String(100))
+    identifier_generation: Mapped[int] = mapped_column(Integer, default=0,
+                                                       server_default=text("0"))
+    # Stripe's asynchronous report that it refused the event after accepting the call.
+    rejected_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    reject_code: Mapped[str | None] = mapped_column(String(100))
+    reject_message: Mapped[str | None] = mapped_column(Text)
+    reject_event_id: Mapped[str | None] = mapped_column(String(255))
+    cancelled_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    cancelled_by: Mapped[str | None] = mapped_column(String(255))
+    cancel_reason: Mapped[str | None] = mapped_column(String(40))
+    cancel_note: Mapped[str | None] = mapped_column(Text)
     dead_reason: Mapped[str | None] = mapped_column(Text)
     dead_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     resolved_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
@@ -166,7 +132,21 @@ class OutboxEvent(Base):
         Index("ix_outbox_resolved", "dead_at", "id",
               postgresql_where=text("status = 'resolved'"),
               sqlite_where=text("status = 'resolved'")),
+        # Rejected events, newest report first (migration 0006).
+        Index("ix_outbox_rejected", "rejected_at", "id",
+              postgresql_where=text("status = 'rejected'"),
+              sqlite_where=text("status = 'rejected'")),
+        # Error samples name an event by the identifier Stripe has; a requeued rejected
+        # event's is its own, unique like the idempotency keys.
+        Index("ix_outbox_stripe_identifier", "stripe_identifier", unique=True,
+              postgresql_where=text("stripe_identifier IS NOT NULL"),
+              sqlite_where=text("stripe_identifier IS NOT NULL")),
     )
+
+    @property
+    def identifier(self) -> str:
+        """The identifier Stripe knows this event by."""
+        return self.stripe_identifier or self.idempotency_key
 
     def lane(self) -> tuple[str, str]:
         """The (Stripe customer, meter) pair Stripe allows one concurrent call for."""
@@ -218,45 +198,6 @@ class Control(Base):
     changed_by: Mapped[str | None] = mapped_column(String(255))
 
 
-class User(Base):
-    """A person who signs in to the dashboard."""
-
-    __tablename__ = "users"
-
-    id: Mapped[int] = mapped_column(BigID, primary_key=True, autoincrement=True)
-    email: Mapped[str] = mapped_column(String(254), unique=True)
-    password_hash: Mapped[str] = mapped_column(String(255))
-    role: Mapped[str] = mapped_column(String(20))
-    active: Mapped[bool] = mapped_column(Boolean, default=True)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
-    last_login_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
-
-
-class AuditEntry(Base):
-    """Who did what to which events, and why. Never updated or deleted."""
-
-    __tablename__ = "audit_log"
-
-    id: Mapped[int] = mapped_column(BigID, primary_key=True, autoincrement=True)
-    at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
-    actor: Mapped[str] = mapped_column(String(255))
-    action: Mapped[str] = mapped_column(String(50))
-    event_ids: Mapped[str | None] = mapped_column(Text)  # comma-separated ids
-    event_count: Mapped[int] = mapped_column(Integer, default=0)
-    reason_code: Mapped[str | None] = mapped_column(String(40))
-    note: Mapped[str | None] = mapped_column(Text)
-
-
-class AuditEvent(Base):
-    """Links an audit entry to each event it touched, so an event's page can list them."""
-
-    __tablename__ = "audit_log_events"
-
-    audit_id: Mapped[int] = mapped_column(
-        BigID, ForeignKey("audit_log.id", ondelete="CASCADE"), primary_key=True)
-    event_id: Mapped[int] = mapped_column(BigID, primary_key=True, index=True)
-
-
 class RollupState(Base):
     """How far a rollup has folded (webapp.queries): rows stamped before ``watermark`` and
     with an id up to ``id_mark`` are in it; ``events``/``quantity`` total what it holds.
@@ -296,15 +237,3 @@ class AttemptRollup(Base):
     bucket: Mapped[int] = mapped_column(Integer, primary_key=True)
     attempts: Mapped[int] = mapped_column(BigInteger, default=0)
     duration_ms: Mapped[int] = mapped_column(BigInteger, default=0)
-
-
-def utcnow() -> datetime:
-    """The current time, timezone-aware."""
-    return datetime.now(UTC)
-
-
-__all__: list[Any] = [
-    "AttemptRollup", "AuditEntry", "AuditEvent", "Base", "CLAIMABLE", "Control",
-    "DeliveryAttempt", "OutboxEvent", "RollupState", "SentUsageRollup", "Tenant", "User",
-    "utcnow",
-]

@@ -1,0 +1,179 @@
+"""The pages of the money loop, as people use them: the rejected events with their reasons in
+plain words, the reconciliation's findings, Stripe's side, an event's rejection and its cancel,
+and what the Overview says of all of it."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from conftest import make_settings, wait_for
+from flask import Flask
+from sqlalchemy import Engine, select
+from support.fake_stripe import FakeStripe
+
+from webapp import create_app
+from webapp.models import OutboxEvent, ReconciliationRun, utcnow
+
+from .conftest import csrf_of, login
+
+T = OutboxEvent.__table__
+
+
+def rejected(seed: Any, **kw: Any) -> int:
+    now = utcnow()
+    fields = dict(status="rejected", rejected_at=now, sent_at=now - timedelta(minutes=5),
+                  reject_code="meter_event_customer_not_found",
+                  reject_message="No such customer: 'cus_ghost'", stripe_customer_id="cus_ghost",
+                  reject_event_id="evt_123", tenant_id="ghost", attempt_count=1, call_count=1)
+    fields.update(kw)
+    return int(seed.event(**fields))
+
+
+def test_the_rejected_page_says_why_in_plain_words(client_as: Any, seed: Any) -> None:
+    seed.tenant("ghost", "cus_right")
+    eid = rejected(seed, reject_message="<b>No such customer</b>")
+    html = client_as("viewer").get("/rejected").get_data(as_text=True)
+    assert "Stripe does not know customer cus_ghost: check the tenant&#39;s mapping" in html
+    assert "&lt;b&gt;No such customer&lt;/b&gt;" in html and "<b>No such" not in html
+    assert "now mapped to <code>cus_right</code>" in html
+    assert f'href="/events/{eid}"' in html
+    assert "Requeue selected" not in html                      # a viewer acts on nothing
+    assert "nothing was billed" in html.lower()
+
+
+def test_an_operator_requeues_a_rejected_event_under_a_new_identifier(client_as: Any,
+                                                                       seed: Any) -> None:
+    eid = rejected(seed, idempotency_key="usage:7")
+    client = client_as("operator")
+    html = client.get("/rejected").get_data(as_text=True)
+    assert "Requeue selected" in html and "Requeue these…" in html
+    resp = client.post("/dead-letters/requeue", data={"ids": [eid], "next": "/rejected",
+                                                      "csrf_token": csrf_of(client)})
+    assert resp.status_code == 303 and resp.headers["Location"] == "/rejected"
+    r = seed.get(eid)
+    assert (r.status, r.stripe_identifier, r.stripe_customer_id) == ("pending", "usage:7~r1",
+                                                                     None)
+    page = client.get(f"/events/{eid}").get_data(as_text=True)
+    assert "usage:7~r1" in page and "a new one after requeue 1" in page
+
+
+def test_requeue_all_rejected_of_one_reason_acts_on_the_preview(client_as: Any,
+                                                                seed: Any) -> None:
+    ours = [rejected(seed) for _ in range(3)]
+    other = rejected(seed, reject_code="archived_meter")
+    client = client_as("operator")
+    preview = client.get("/rejected/requeue-all?code=meter_event_customer_not_found")
+    html = preview.get_data(as_text=True)
+    assert '<dd data-k="events">3</dd>' in html
+    token = re.search(r'name="snapshot" value="([^"]+)"', html)
+    assert token
+    late = rejected(seed)                                       # rejected after the preview
+    resp = client.post("/rejected/requeue-all", data={"snapshot": token.group(1),
+                                                      "csrf_token": csrf_of(client)})
+    assert resp.status_code == 303
+    statuses = seed.statuses()
+    assert [statuses[i] for i in ours] == ["pending"] * 3
+    assert statuses[other] == statuses[late] == "rejected"
+
+
+def test_a_rejected_events_page_offers_the_fix(client_as: Any, seed: Any) -> None:
+    eid = rejected(seed)
+    html = client_as("operator").get(f"/events/{eid}").get_data(as_text=True)
+    assert 'id="rejected-panel"' in html and "Requeue under a new identifier" in html
+    assert "evt_123" in html and "meter_event_customer_not_found" in html
+
+
+def test_reconciliation_page_names_each_mismatch_and_links_to_it(client_as: Any,
+                                                                  seed: Any) -> None:
+    seed.stripe_history(utcnow())
+    html = client_as("viewer").get("/reconciliation").get_data(as_text=True)
+    assert '<dd data-k="mismatches" class="bad">1</dd>' in html
+    assert "cus_acme" in html and "+40" in html and "Stripe has more" in html
+    assert "https://dashboard.stripe.com/test/customers/cus_acme" in html
+    assert "meter plan_level: not compared" in html
+    assert "Reconcile the last 35 days now" not in html         # viewers cannot start one
+
+
+def test_the_stripe_page_names_a_missing_meter_and_what_to_do(client_as: Any,
+                                                              seed: Any) -> None:
+    seed.stripe_history(utcnow())
+    seed.event(status="pending", meter="plan_level")
+    seed.event(status="pending", meter="storage_gb")
+    html = client_as("viewer").get("/stripe").get_data(as_text=True)
+    assert "of <code>plan_level</code> wait" in html and "reactivate it in Stripe" in html
+    assert "of <code>storage_gb</code> wait" in html and "create one in Stripe" in html
+    assert "last value: not reconciled" in html
+    assert "no event of ours has this identifier" in html
+    overview = client_as("viewer").get("/").get_data(as_text=True)
+    assert "events wait for meter storage_gb" in overview
+
+
+def test_the_overview_says_what_happened_after_stripes_200(client_as: Any, seed: Any) -> None:
+    seed.stripe_history(utcnow())
+    rejected(seed)
+    html = client_as("viewer").get("/").get_data(as_text=True)
+    assert "1 event rejected by Stripe" in html
+    assert "Reconciliation found 1 mismatch" in html
+    assert "Stripe&#39;s error reports could not be read" in html
+    assert 'href="/rejected"' in html and 'href="/reconciliation?run=' in html
+
+
+# -- with Stripe to ask (the fake) ------------------------------------------------------------
+
+@pytest.fixture
+def fake() -> Iterator[FakeStripe]:
+    with FakeStripe() as f:
+        yield f
+
+
+@pytest.fixture
+def live(engine: Engine, db_url: str, fake: FakeStripe, users: dict[str, str]) -> Flask:
+    settings = make_settings(db_url, stripe_api_base=fake.base_url)
+    return create_app({"TESTING": True}, settings=settings, engine=engine, start_drainer=False)
+
+
+def test_cancel_from_the_event_page_asks_first(live: Flask, engine: Engine, fake: FakeStripe,
+                                               users: dict[str, str], seed: Any) -> None:
+    from webapp.worker import Drainer
+
+    seed.tenant("acme", "cus_acme")
+    eid = seed.event(status="pending", idempotency_key="to-cancel")
+    drainer = Drainer(engine, live.extensions["billing_outbox"].settings)
+    drainer.drain_once()
+    drainer.close()
+    client = live.test_client()
+    login(client, users["operator"])
+    page = client.get(f"/events/{eid}").get_data(as_text=True)
+    assert "Cancel at Stripe…" in page
+    confirm = client.get(f"/events/{eid}/cancel").get_data(as_text=True)
+    assert "It will not be on the invoice" in confirm
+    token = csrf_of(client)
+    unticked = client.post(f"/events/{eid}/cancel", data={"reason": "duplicate", "note": "x",
+                                                          "csrf_token": token})
+    assert unticked.status_code == 303 and seed.get(eid).status == "sent"
+    done = client.post(f"/events/{eid}/cancel", data={"reason": "duplicate", "note": "twice",
+                                                      "confirm": "yes", "csrf_token": token})
+    assert done.status_code == 303 and seed.get(eid).status == "cancelled"
+    assert fake.accepted()["to-cancel"].cancelled
+    assert "will not be billed" in client.get(f"/events/{eid}").get_data(as_text=True)
+
+
+def test_reconcile_now_runs_in_the_background(live: Flask, engine: Engine,
+                                             users: dict[str, str]) -> None:
+    client = live.test_client()
+    login(client, users["operator"])
+    resp = client.post("/reconciliation/run", data={"csrf_token": csrf_of(client)})
+    assert resp.status_code == 303
+
+    def stored() -> bool:
+        with engine.connect() as conn:
+            return conn.execute(select(ReconciliationRun.__table__.c.trigger)).scalar() \
+                == "button"
+
+    wait_for(stored, 15, message="the run stored")
+    html = client.get("/reconciliation").get_data(as_text=True)
+    assert "operator@example.com" in html

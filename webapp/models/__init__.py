@@ -1,0 +1,34 @@
+"""The tables. Datetimes are timezone-aware (UTC) on both databases.
+
+``outbox`` (events, attempts, tenants, the switch, rollups), ``people`` (users, audit) and
+``stripe_sync`` (what is kept of Stripe's side: meters, its events, reconciliation).
+"""
+
+from .base import NAMING, Base, BigID, UTCDateTime, utcnow
+from .outbox import (
+    IN_FLIGHT_SQL,
+    WAITING_IDLE_SQL,
+    AttemptRollup,
+    Control,
+    DeliveryAttempt,
+    OutboxEvent,
+    RollupState,
+    SentUsageRollup,
+    Tenant,
+)
+from .people import AuditEntry, AuditEvent, User
+from .stripe_sync import (
+    ReconciliationMismatch,
+    ReconciliationRun,
+    StripeErrorSample,
+    StripeEvent,
+    StripeMeter,
+    SyncState,
+)
+
+__all__ = [
+    "IN_FLIGHT_SQL", "NAMING", "WAITING_IDLE_SQL", "AttemptRollup", "AuditEntry", "AuditEvent",
+    "Base", "BigID", "Control", "DeliveryAttempt", "OutboxEvent", "ReconciliationMismatch",
+    "ReconciliationRun", "RollupState", "SentUsageRollup", "StripeErrorSample", "StripeEvent",
+    "StripeMeter", "SyncState", "Tenant", "UTCDateTime", "User", "utcnow",
+]

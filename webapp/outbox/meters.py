@@ -1,0 +1,100 @@
+"""Stripe's meters as the outbox knows them: which event names may be sent, with which payload
+keys, and how each meter adds events up. Kept in ``stripe_meters`` so every process agrees;
+filled by the meter refresher (``webapp.worker.meters``) from ``GET /v1/billing/meters``.
+
+Events whose meter is missing or inactive at Stripe are not claimed: they wait, visibly, like
+events of an unmapped tenant, until the meter exists (Stripe would accept the call and reject
+every event later).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import Connection, Engine, select, true
+from sqlalchemy import update as sa_update
+
+from .sql import STRIPE_METERS, insert_for
+
+ACTIVE = "active"
+INACTIVE = "inactive"
+MISSING = "missing"
+DEFAULT_CUSTOMER_KEY = "stripe_customer_id"
+DEFAULT_VALUE_KEY = "value"
+#: How a meter adds events up; reconciliation compares units for ``sum``, events for
+#: ``count``, and cannot compare ``last`` (the last value a customer sent).
+FORMULAS = ("sum", "count", "last")
+
+
+@dataclass(frozen=True)
+class MeterInfo:
+    """One meter, as Stripe lists it."""
+
+    event_name: str
+    meter_id: str | None
+    status: str
+    customer_key: str = DEFAULT_CUSTOMER_KEY
+    value_key: str = DEFAULT_VALUE_KEY
+    formula: str = "sum"
+    display_name: str | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.status == ACTIVE
+
+
+def store_meters(engine: Engine, meters: Iterable[MeterInfo], *, now: datetime) -> int:
+    """Replace what is known of Stripe's meters with a complete listing: each listed meter is
+    written as listed; a known event name no longer listed becomes ``missing``. When Stripe
+    lists two meters for one event name, an active one wins. Returns how many are active."""
+    by_name: dict[str, MeterInfo] = {}
+    for m in meters:
+        if m.event_name not in by_name or (m.active and not by_name[m.event_name].active):
+            by_name[m.event_name] = m
+    with engine.begin() as conn:
+        for m in by_name.values():
+            values = dict(meter_id=m.meter_id, display_name=m.display_name, status=m.status,
+                          customer_key=m.customer_key, value_key=m.value_key,
+                          formula=m.formula, seen_at=now, updated_at=now)
+            ins = insert_for(conn, STRIPE_METERS)
+            conn.execute(ins.values(event_name=m.event_name, **values).on_conflict_do_update(
+                index_elements=[STRIPE_METERS.c.event_name], set_=values))
+        gone = STRIPE_METERS.c.event_name.not_in(list(by_name)) if by_name else true()
+        conn.execute(sa_update(STRIPE_METERS).where(gone, STRIPE_METERS.c.status != MISSING)
+                     .values(status=MISSING, updated_at=now))
+    return sum(1 for m in by_name.values() if m.active)
+
+
+def mark_missing(engine: Engine, event_name: str, *, now: datetime) -> bool:
+    """Stripe said no active meter has this event name (a 400 on send, or an error report):
+    its events wait until a listing shows the meter again. Whether anything changed."""
+    with engine.begin() as conn:
+        done = conn.execute(sa_update(STRIPE_METERS)
+                            .where(STRIPE_METERS.c.event_name == event_name,
+                                   STRIPE_METERS.c.status == ACTIVE)
+                            .values(status=MISSING, updated_at=now))
+        if done.rowcount == 0:
+            ins = insert_for(conn, STRIPE_METERS)
+            conn.execute(ins.values(event_name=event_name, status=MISSING,
+                                    customer_key=DEFAULT_CUSTOMER_KEY,
+                                    value_key=DEFAULT_VALUE_KEY, formula="sum",
+                                    updated_at=now)
+                         .on_conflict_do_nothing(index_elements=[STRIPE_METERS.c.event_name]))
+        return done.rowcount > 0
+
+
+def known_meters(conn: Connection) -> dict[str, MeterInfo]:
+    """Every meter known, by event name."""
+    rows = conn.execute(select(STRIPE_METERS.c.event_name, STRIPE_METERS.c.meter_id,
+                               STRIPE_METERS.c.status, STRIPE_METERS.c.customer_key,
+                               STRIPE_METERS.c.value_key, STRIPE_METERS.c.formula,
+                               STRIPE_METERS.c.display_name)).all()
+    return {r.event_name: MeterInfo(r.event_name, r.meter_id, r.status, r.customer_key,
+                                    r.value_key, r.formula, r.display_name) for r in rows}
+
+
+def active_meters(conn: Connection) -> dict[str, MeterInfo]:
+    """The meters events may be sent to now, by event name."""
+    return {name: m for name, m in known_meters(conn).items() if m.active}

@@ -1,0 +1,78 @@
+"""Where each periodic exchange with Stripe stands (``stripe_sync_state``): when it last ran
+and how it went, and a lease so that one process at a time runs a long one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import Connection, Engine, select
+from sqlalchemy import update as sa_update
+
+from .sql import SYNC_STATE, as_utc, insert_for
+
+METERS = "meters"
+EVENTS = "events"
+RECONCILE = "reconcile"
+
+
+@dataclass(frozen=True)
+class SyncStatus:
+    name: str
+    ran_at: datetime | None
+    ok: bool | None
+    detail: str | None
+
+
+def _ensure(conn: Connection, name: str) -> None:
+    conn.execute(insert_for(conn, SYNC_STATE).values(name=name)
+                 .on_conflict_do_nothing(index_elements=[SYNC_STATE.c.name]))
+
+
+def record_run(engine: Engine, name: str, *, ok: bool, detail: str | None,
+               now: datetime) -> None:
+    """That ``name`` ran at ``now``, and how it went (one line a person can read)."""
+    with engine.begin() as conn:
+        _ensure(conn, name)
+        conn.execute(sa_update(SYNC_STATE).where(SYNC_STATE.c.name == name)
+                     .values(ran_at=now, ok=ok, detail=(detail or "")[:2000] or None))
+
+
+def sync_status(conn: Connection, name: str) -> SyncStatus:
+    """When ``name`` last ran and how it went (never: all None)."""
+    row = conn.execute(select(SYNC_STATE.c.ran_at, SYNC_STATE.c.ok, SYNC_STATE.c.detail)
+                       .where(SYNC_STATE.c.name == name)).first()
+    if row is None:
+        return SyncStatus(name, None, None, None)
+    return SyncStatus(name, as_utc(row.ran_at), row.ok, row.detail)
+
+
+def lease_holder(conn: Connection, name: str, *, now: datetime) -> str | None:
+    """Who holds ``name`` now, if anyone."""
+    row = conn.execute(select(SYNC_STATE.c.locked_by, SYNC_STATE.c.locked_until)
+                       .where(SYNC_STATE.c.name == name)).first()
+    until = None if row is None else as_utc(row.locked_until)
+    if row is None or row.locked_by is None or until is None:
+        return None
+    return str(row.locked_by) if until > now else None
+
+
+def take_lease(engine: Engine, name: str, *, owner: str, now: datetime,
+               seconds: float) -> bool:
+    """Hold ``name`` for ``seconds`` unless another owner holds it; whether we do."""
+    with engine.begin() as conn:
+        _ensure(conn, name)
+        done = conn.execute(sa_update(SYNC_STATE).where(
+            SYNC_STATE.c.name == name,
+            (SYNC_STATE.c.locked_until.is_(None)) | (SYNC_STATE.c.locked_until < now)
+            | (SYNC_STATE.c.locked_by == owner))
+            .values(locked_until=now + timedelta(seconds=seconds), locked_by=owner))
+        return done.rowcount == 1
+
+
+def drop_lease(engine: Engine, name: str, *, owner: str) -> None:
+    """Let go of ``name`` (if still ours)."""
+    with engine.begin() as conn:
+        conn.execute(sa_update(SYNC_STATE).where(SYNC_STATE.c.name == name,
+                                                 SYNC_STATE.c.locked_by == owner)
+                     .values(locked_until=None, locked_by=None))

@@ -1,0 +1,80 @@
+"""The Stripe page: what the outbox knows of Stripe's side — its meters (and the events
+waiting for one), the error reports it read, and the samples that named nothing of ours."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, Engine, func, select
+
+from ..db import reading
+from ..outbox import sync
+from ..outbox.meters import ACTIVE, known_meters
+from ..outbox.sql import ERROR_SAMPLES, IDLE_UNSENT, STRIPE_EVENTS, T, row_dict, status_in
+from ..outbox.sync import SyncStatus
+
+
+@dataclass(frozen=True)
+class WaitingForMeter:
+    """Events that wait because Stripe has no active meter for their event name."""
+
+    meter: str
+    status: str          # missing | inactive | unknown (meters never read)
+    events: int
+
+
+def waiting_for_meters(conn: Connection) -> list[WaitingForMeter]:
+    """Event names with events waiting whose meter is not active at Stripe (none before the
+    meters were ever read: then nothing can be said)."""
+    if sync.sync_status(conn, sync.METERS).ran_at is None:
+        return []
+    meters = known_meters(conn)
+    rows = conn.execute(select(T.c.meter, func.count())
+                        .where(status_in(("pending", "retrying")), IDLE_UNSENT)
+                        .group_by(T.c.meter)).all()
+    out = []
+    for meter, n in rows:
+        m = meters.get(meter)
+        if m is None or m.status != ACTIVE:
+            out.append(WaitingForMeter(meter, "missing" if m is None else m.status, int(n)))
+    return sorted(out, key=lambda w: -w.events)
+
+
+@dataclass(frozen=True)
+class StripePage:
+    meters: list[Any]
+    waiting: list[WaitingForMeter]
+    reports: list[dict[str, Any]]
+    unmatched: list[dict[str, Any]]
+    syncs: dict[str, SyncStatus]
+
+
+def stripe_page(engine: Engine, *, limit: int = 50) -> StripePage:
+    """Meters, events waiting for one, the latest reports and unmatched samples, and when
+    each exchange with Stripe last ran."""
+    with reading(engine) as conn:
+        meters = sorted(known_meters(conn).values(), key=lambda m: (m.status != ACTIVE,
+                                                                    m.event_name))
+        waiting = waiting_for_meters(conn)
+        reports = [row_dict(r) for r in conn.execute(
+            select(STRIPE_EVENTS.c.id, STRIPE_EVENTS.c.type, STRIPE_EVENTS.c.created,
+                   STRIPE_EVENTS.c.meter_id, STRIPE_EVENTS.c.source, STRIPE_EVENTS.c.stored_at,
+                   STRIPE_EVENTS.c.error_count, STRIPE_EVENTS.c.sample_count,
+                   STRIPE_EVENTS.c.rejected, STRIPE_EVENTS.c.unmatched,
+                   STRIPE_EVENTS.c.summary)
+            .order_by(STRIPE_EVENTS.c.created.desc()).limit(limit))]
+        unmatched = [row_dict(r) for r in conn.execute(
+            select(ERROR_SAMPLES).where(ERROR_SAMPLES.c.outcome.in_(("unmatched", "stale",
+                                                                     "waiting")))
+            .order_by(ERROR_SAMPLES.c.id.desc()).limit(limit))]
+        syncs = {name: sync.sync_status(conn, name)
+                 for name in (sync.METERS, sync.EVENTS, sync.RECONCILE)}
+    return StripePage(meters, waiting, reports, unmatched, syncs)
+
+
+def samples_for_event(conn: Connection, event_id: int) -> list[dict[str, Any]]:
+    """Every error sample Stripe reported naming this event."""
+    return [row_dict(r) for r in conn.execute(
+        select(ERROR_SAMPLES).where(ERROR_SAMPLES.c.event_id == event_id)
+        .order_by(ERROR_SAMPLES.c.id))]

@@ -1,0 +1,252 @@
+"""Our verbs in, plain data and classified outcomes out: send a meter event; list meters;
+list and read Stripe's events (API v2); verify a pushed event notification; read meter event
+summaries; cancel a meter event. Only this package imports ``stripe``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, NamedTuple, Protocol
+
+import requests
+import stripe
+
+from ..outbox.meters import DEFAULT_CUSTOMER_KEY, DEFAULT_VALUE_KEY, MeterInfo
+from ..outbox.rejections import ErrorSample, StripeReport
+from ..outbox.states import CallResult, Outcome
+from .errors import classify_error
+from .http import Urllib3Client
+
+
+class MeterEvent(NamedTuple):
+    """Exactly what goes to ``POST /v1/billing/meter_events`` for one outbox event."""
+
+    event_name: str
+    stripe_customer_id: str
+    value: int
+    identifier: str
+    occurred_at: datetime
+    customer_key: str = DEFAULT_CUSTOMER_KEY
+    value_key: str = DEFAULT_VALUE_KEY
+
+    def params(self) -> dict[str, object]:
+        return {
+            "event_name": self.event_name,
+            "payload": {self.customer_key: self.stripe_customer_id,
+                        self.value_key: str(self.value)},
+            "identifier": self.identifier,
+            "timestamp": int(self.occurred_at.timestamp()),
+        }
+
+
+class Gateway(Protocol):
+    """What the drainer needs of Stripe: send one meter event, get a classified outcome."""
+
+    def send(self, event: MeterEvent, idempotency_key: str) -> CallResult: ...
+
+
+class StripeCallFailed(Exception):  # noqa: N818 - the outcome, not a programming error
+    """A call other than sending failed; ``result`` says how (as for a send)."""
+
+    def __init__(self, what: str, result: CallResult) -> None:
+        detail = f"HTTP {result.http_status}" if result.http_status else result.error_class
+        super().__init__(f"{what}: Stripe answered {detail}: {result.message or ''}".strip()
+                         + (f" (request {result.request_id})" if result.request_id else ""))
+        self.result = result
+
+
+class InvalidSignature(Exception):  # noqa: N818 - the refusal itself
+    """A pushed event whose signature does not verify (or is missing)."""
+
+
+@dataclass(frozen=True)
+class ThinEvent:
+    """A thin event: what the list and a push carry (read the rest with ``retrieve_event``)."""
+
+    id: str
+    type: str
+    created: datetime
+
+
+@dataclass(frozen=True)
+class SummaryItem:
+    """One meter event summary: a customer's aggregated value over [start, end)."""
+
+    start: datetime
+    end: datetime
+    value: float
+
+
+class StripeGateway:
+    """The official SDK behind our verbs; never raises for a send's answer.
+
+    The SDK's own retries are off (``max_network_retries=0``): the outbox retries, with the
+    right idempotency key for each kind of failure, and one call never outlives the claim.
+    ``calls`` counts every HTTP call made through it (pages of lists included).
+    """
+
+    def __init__(self, api_key: str, *, api_base: str, timeout_seconds: float,
+                 connect_timeout_seconds: float = 3.05, pool_size: int = 64) -> None:
+        self._base = api_base.rstrip("/")
+        # Proxy settings are read from the environment once, here (requests would rescan
+        # every environment variable on every call).
+        proxies = requests.utils.get_environ_proxies(self._base)
+        proxy = proxies.get("https" if self._base.startswith("https") else "http")
+        self._http = Urllib3Client(connect_timeout_seconds, timeout_seconds, proxy=proxy,
+                                   pool_size=max(pool_size, 1))
+        # The SDK's client telemetry puts the previous call's request id and latency (and
+        # the platform) in a header of the next call. The outbox makes one small call per
+        # event, up to 1,000 a second; building that header was several percent of the
+        # worker's CPU per call, and nothing billing needs depends on it. (A module-level
+        # switch: this package is the only one that imports ``stripe``.)
+        stripe.enable_telemetry = False
+        self._client = stripe.StripeClient(
+            api_key,
+            base_addresses={"api": self._base, "meter_events": self._base},
+            max_network_retries=0,
+            http_client=self._http,
+        )
+
+    @property
+    def calls(self) -> int:
+        """HTTP calls made so far (every page of a list is one)."""
+        return self._http.calls
+
+    # -- sending --------------------------------------------------------------------------
+    def send(self, event: MeterEvent, idempotency_key: str) -> CallResult:
+        """``POST /v1/billing/meter_events``; the classified outcome."""
+        try:
+            created = self._client.v1.billing.meter_events.create(
+                params=event.params(),  # type: ignore[arg-type]
+                options={"idempotency_key": idempotency_key})
+        except stripe.StripeError as exc:
+            return classify_error(exc)
+        response = getattr(created, "last_response", None)
+        return CallResult(Outcome.DELIVERED, http_status=200,
+                          request_id=getattr(response, "request_id", None))
+
+    # -- meters ---------------------------------------------------------------------------
+    def list_meters(self) -> list[MeterInfo]:
+        """Every meter of the account, every page (there is no filter by event name)."""
+        try:
+            page = self._client.v1.billing.meters.list(params={"limit": 100})
+            return [_meter(m.to_dict()) for m in page.auto_paging_iter()]
+        except stripe.StripeError as exc:
+            raise StripeCallFailed("listing meters", classify_error(exc)) from exc
+
+    # -- events ---------------------------------------------------------------------------
+    def list_events(self, types: tuple[str, ...], *, created_gte: datetime | None
+                    ) -> Iterator[ThinEvent]:
+        """Thin events of ``types`` created at or after ``created_gte``, every page."""
+        params: dict[str, Any] = {"types": list(types), "limit": 100}
+        if created_gte is not None:
+            params["created"] = {"gte": _rfc3339(created_gte)}
+        try:
+            page = self._client.v2.core.events.list(params=params)  # type: ignore[arg-type]
+            for ev in page.auto_paging_iter():
+                yield ThinEvent(str(ev.id), str(ev.type), _parse_time(ev.created))
+        except stripe.StripeError as exc:
+            raise StripeCallFailed("listing events", classify_error(exc)) from exc
+
+    def retrieve_event(self, event_id: str) -> StripeReport:
+        """The whole event (``GET /v2/core/events/{id}``), reduced to what the outbox uses."""
+        try:
+            event = self._client.v2.core.events.retrieve(event_id)
+        except stripe.StripeError as exc:
+            raise StripeCallFailed(f"reading event {event_id}", classify_error(exc)) from exc
+        return report_from(event.to_dict())
+
+    def parse_notification(self, raw: bytes, signature: str | None,
+                           secret: str) -> ThinEvent:
+        """A pushed thin event, once its ``Stripe-Signature`` verifies (HMAC-SHA256, 300 s
+        tolerance, through the SDK); :class:`InvalidSignature` otherwise."""
+        try:
+            note = self._client.parse_event_notification(raw, signature, secret)
+        except (stripe.SignatureVerificationError, ValueError) as exc:
+            raise InvalidSignature(str(exc) or "bad signature") from exc
+        return ThinEvent(str(note.id), str(note.type), _parse_time(note.created))
+
+    # -- summaries and adjustments ----------------------------------------------------------
+    def meter_event_summaries(self, meter_id: str, customer: str, *, start: datetime,
+                              end: datetime, grouping: str) -> list[SummaryItem]:
+        """A customer's usage of a meter over [start, end), per ``day`` or ``hour``, every
+        page."""
+        params = {"customer": customer, "start_time": int(start.timestamp()),
+                  "end_time": int(end.timestamp()), "value_grouping_window": grouping,
+                  "limit": 100}
+        try:
+            page = self._client.v1.billing.meters.event_summaries.list(
+                meter_id, params=params)  # type: ignore[arg-type]
+            return [SummaryItem(datetime.fromtimestamp(int(s.start_time), UTC),
+                                datetime.fromtimestamp(int(s.end_time), UTC),
+                                float(s.aggregated_value))
+                    for s in page.auto_paging_iter()]
+        except stripe.StripeError as exc:
+            raise StripeCallFailed(f"reading the summaries of {customer} on {meter_id}",
+                                   classify_error(exc)) from exc
+
+    def cancel_meter_event(self, event_name: str, identifier: str) -> CallResult:
+        """``POST /v1/billing/meter_event_adjustments`` (``type=cancel``): Stripe takes it
+        only within 24 hours of receiving the event. The classified outcome."""
+        try:
+            adjustment = self._client.v1.billing.meter_event_adjustments.create(
+                params={"event_name": event_name, "type": "cancel",
+                        "cancel": {"identifier": identifier}},
+                options={"idempotency_key": f"cancel:{identifier}"})
+        except stripe.StripeError as exc:
+            return classify_error(exc)
+        response = getattr(adjustment, "last_response", None)
+        return CallResult(Outcome.DELIVERED, http_status=200,
+                          request_id=getattr(response, "request_id", None))
+
+    def close(self) -> None:
+        self._http.close()
+
+
+def _meter(m: dict[str, Any]) -> MeterInfo:
+    mapping = m.get("customer_mapping") or {}
+    value = m.get("value_settings") or {}
+    aggregation = m.get("default_aggregation") or {}
+    return MeterInfo(event_name=str(m.get("event_name") or ""), meter_id=m.get("id"),
+                     status=str(m.get("status") or "inactive"),
+                     customer_key=str(mapping.get("event_payload_key") or DEFAULT_CUSTOMER_KEY),
+                     value_key=str(value.get("event_payload_key") or DEFAULT_VALUE_KEY),
+                     formula=str(aggregation.get("formula") or "sum"),
+                     display_name=m.get("display_name"))
+
+
+def report_from(event: dict[str, Any]) -> StripeReport:
+    """A v2 event (as a dict) as the outbox keeps it: its samples flattened, every field
+    Stripe may leave out defaulted."""
+    data = event.get("data") or {}
+    reason = data.get("reason") or {}
+    related = event.get("related_object") or {}
+    samples = []
+    for error_type in reason.get("error_types") or []:
+        for sample in error_type.get("sample_errors") or []:
+            request = sample.get("request") or {}
+            samples.append(ErrorSample(code=error_type.get("code"),
+                                       message=sample.get("error_message"),
+                                       identifier=request.get("identifier")))
+    return StripeReport(
+        id=str(event["id"]), type=str(event.get("type") or ""),
+        created=_parse_time(event.get("created")), meter_id=related.get("id"),
+        error_count=int(reason.get("error_count") or 0),
+        summary=data.get("developer_message_summary"), samples=tuple(samples),
+        body=json.dumps(event, default=str)[:65536])
+
+
+def _parse_time(value: Any) -> datetime:
+    """Stripe's v2 times are RFC 3339 strings; v1's are Unix seconds."""
+    if isinstance(value, datetime):
+        return value.astimezone(UTC)
+    if isinstance(value, int | float):
+        return datetime.fromtimestamp(value, UTC)
+    parsed = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+
+
+def _rfc3339(value: datetime) -> str:
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")

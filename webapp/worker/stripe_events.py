@@ -1,0 +1,175 @@
+"""Reading Stripe's error reports back: polled (``billing-outbox stripe-events poll``, and the
+worker and the in-app drainer every ``STRIPE_EVENTS_POLL_SECONDS``) or pushed to
+``POST /stripe/webhook``. Either way each event is read in full, stored once by its id and
+applied (``webapp.outbox.rejections``)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Protocol
+
+from sqlalchemy import Engine
+
+from ..db import reading
+from ..models import utcnow
+from ..outbox import rejections, sync
+from ..outbox.rejections import REPORT_TYPES, StripeReport
+from .throttle import RateLimiter
+
+log = logging.getLogger(__name__)
+
+#: Stripe keeps events for 30 days: a first poll reads that far back.
+FIRST_POLL_BACK = timedelta(days=30)
+
+
+class EventSource(Protocol):
+    """What can list and read Stripe's events (the real gateway)."""
+
+    def list_events(self, types: tuple[str, ...], *,
+                    created_gte: datetime | None) -> Iterator[ThinLike]: ...
+
+    def retrieve_event(self, event_id: str) -> StripeReport: ...
+
+
+class ThinLike(Protocol):
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def type(self) -> str: ...
+
+    @property
+    def created(self) -> datetime: ...
+
+
+@dataclass
+class PollSummary:
+    """What a poll did; printed as JSON by ``stripe-events poll``."""
+
+    events: int = 0
+    rejected: int = 0
+    unmatched: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {"events": self.events, "rejected": self.rejected, "unmatched": self.unmatched}
+
+
+def store(engine: Engine, report: StripeReport, *, source: str, now: datetime,
+          on_meter_codes: Callable[[], object] | None = None,
+          quiet: bool = False) -> rejections.Applied:
+    """Store one report and apply it; a report that says a meter is missing makes the
+    meters be read again (``on_meter_codes``). ``quiet``: the caller logs a summary."""
+    applied = rejections.store_report(engine, report, source=source, now=now)
+    if applied.stored and not quiet:
+        if applied.rejected:
+            log.warning("Stripe reported %d event(s) invalid after accepting them (%s): "
+                        "rejected", applied.rejected, report.id)
+        if applied.unmatched:
+            log.warning("Stripe's report %s names %d event(s) that are not ours", report.id,
+                        applied.unmatched)
+    if applied.stored and report.meter_codes and on_meter_codes is not None:
+        _read_meters(on_meter_codes, report.id)
+    return applied
+
+
+def _read_meters(on_meter_codes: Callable[[], object], report_id: str) -> None:
+    try:
+        on_meter_codes()
+    except Exception:
+        log.exception("reading Stripe's meters after report %s failed", report_id)
+
+
+class EventPoller:
+    """Reads the error reports created since the last one stored. A maintenance service.
+
+    A poll lists every page first, then reads and stores the new events oldest first
+    (``CHUNK`` to a transaction), so the mark the next poll starts from (the newest stored)
+    never passes an event not yet stored, whatever order Stripe lists them in; and it starts
+    ``OVERLAP`` before that mark, so an event Stripe lists late is still found (those already
+    stored are skipped by id). Events are read ``parallel`` at a time (Stripe's latency, not
+    its limit, bounds one at a time), at most ``max_requests_per_second`` when given."""
+
+    name = "stripe-events"
+
+    #: How far before the newest stored event a poll starts listing again.
+    OVERLAP = timedelta(minutes=10)
+    #: Events read in flight at most; they are stored in order as they come back.
+    PARALLEL = 8
+    #: Events stored and applied per transaction.
+    CHUNK = 50
+
+    def __init__(self, engine: Engine, source: EventSource, *,
+                 clock: Callable[[], datetime] = utcnow,
+                 on_meter_codes: Callable[[], object] | None = None,
+                 max_requests_per_second: float | None = None,
+                 parallel: int = PARALLEL) -> None:
+        self.engine = engine
+        self.source = source
+        self.clock = clock
+        self.on_meter_codes = on_meter_codes
+        self.limiter = (None if max_requests_per_second is None
+                        else RateLimiter(max_requests_per_second))
+        self.parallel = max(1, parallel)
+
+    def _retrieve(self, event_id: str) -> StripeReport:
+        if self.limiter is not None:
+            self.limiter.acquire()
+        return self.source.retrieve_event(event_id)
+
+    def run_once(self) -> PollSummary:
+        """One poll: list (every page), read each new event in full, store and apply it;
+        then apply the samples that were waiting for their event to be sent."""
+        now = self.clock()
+        summary = PollSummary()
+        with reading(self.engine) as conn:
+            mark = rejections.last_report_created(conn)
+        since = now - FIRST_POLL_BACK if mark is None else mark - self.OVERLAP
+        try:
+            listed = sorted(self.source.list_events(REPORT_TYPES, created_gte=since),
+                            key=lambda t: (t.created, t.id))
+            with reading(self.engine) as conn:
+                stored = rejections.stored_ids(conn, [t.id for t in listed])
+            new = list(dict.fromkeys(t.id for t in listed if t.id not in stored))
+            meters_named: str | None = None
+            chunk: list[StripeReport] = []
+
+            def flush() -> None:
+                nonlocal meters_named
+                for report, applied in zip(chunk, rejections.store_reports(
+                        self.engine, chunk, source="poll", now=self.clock()), strict=True):
+                    if applied.stored:
+                        summary.events += 1
+                        summary.rejected += applied.rejected
+                        summary.unmatched += applied.unmatched
+                        if report.meter_codes:
+                            meters_named = report.id
+                chunk.clear()
+
+            with ThreadPoolExecutor(max_workers=self.parallel,
+                                    thread_name_prefix="stripe-events") as pool:
+                try:
+                    for report in pool.map(self._retrieve, new):
+                        chunk.append(report)
+                        if len(chunk) >= self.CHUNK:
+                            flush()
+                finally:
+                    if chunk:      # what was read before a failure is kept, in order
+                        flush()
+        except Exception as exc:
+            sync.record_run(self.engine, sync.EVENTS, ok=False, detail=str(exc), now=now)
+            raise
+        if meters_named is not None and self.on_meter_codes is not None:
+            _read_meters(self.on_meter_codes, meters_named)      # once a poll, not per report
+        summary.rejected += rejections.apply_waiting(self.engine, now=self.clock())
+        if summary.rejected or summary.unmatched:
+            log.warning("Stripe reported events invalid after accepting them: %d rejected, "
+                        "%d samples not ours (%d new reports)", summary.rejected,
+                        summary.unmatched, summary.events)
+        sync.record_run(self.engine, sync.EVENTS, ok=True,
+                        detail=f"{summary.events} new events, {summary.rejected} rejected, "
+                               f"{summary.unmatched} unmatched samples", now=now)
+        return summary
