@@ -27,8 +27,8 @@ from typing import Any
 
 from .common import RESULTS_DIR, ROOT, BenchDatabase, BenchFailure, Row, nproc, sources_digest
 
-SECTIONS = ("drain", "enqueue", "e2e", "memory", "dashboard")
-DEFAULT = ("drain", "enqueue", "e2e", "memory", "dashboard")
+SECTIONS = ("drain", "enqueue", "e2e", "memory", "dashboard", "money")
+DEFAULT = ("drain", "enqueue", "e2e", "memory", "dashboard", "money")
 
 #: Sizes: (full, quick).
 SIZES = {
@@ -37,6 +37,7 @@ SIZES = {
     "e2e": (10_000, 1_000),
     "memory": (100_000, 10_000),
     "dashboard": (1_000_000, 100_000),   # outbox rows, loaded once per invocation
+    "money": (10_000, 1_000),            # error reports polled (reconciliation: fixed size)
 }
 
 
@@ -170,6 +171,11 @@ def main(argv: list[str] | None = None) -> int:
 
                 res = memory.run(db, events=size["memory"], runs=args.runs, log=log)
                 rows += memory.rows(res)
+            elif section == "money":
+                from . import money
+
+                res = money.run(db, reports=size["money"], runs=args.runs, log=log)
+                rows += money.rows(res)
             else:
                 from . import dashboard
 
