@@ -38,6 +38,8 @@ def test_the_rejected_page_says_why_in_plain_words(client_as: Any, seed: Any) ->
     eid = rejected(seed, reject_message="<b>No such customer</b>")
     html = client_as("viewer").get("/rejected").get_data(as_text=True)
     assert "Stripe does not know customer cus_ghost: check the tenant&#39;s mapping" in html
+    # The group of such events speaks of several customers.
+    assert "Stripe does not know these events&#39; customers" in html
     assert "&lt;b&gt;No such customer&lt;/b&gt;" in html and "<b>No such" not in html
     assert "now mapped to <code>cus_right</code>" in html
     assert f'href="/events/{eid}"' in html
@@ -177,3 +179,6 @@ def test_reconcile_now_runs_in_the_background(live: Flask, engine: Engine,
     wait_for(stored, 15, message="the run stored")
     html = client.get("/reconciliation").get_data(as_text=True)
     assert "operator@example.com" in html
+    # No event in the window: said so, never "matches".
+    assert "nothing to compare" in html and "nothing compared" in html
+    assert "Every compared day matches" not in html

@@ -40,11 +40,19 @@ REASONS: dict[str, str] = {
 }
 
 
+#: The same for a group of events (several customers), where it differs.
+GROUP_REASONS: dict[str, str] = {
+    "meter_event_customer_not_found":
+        "Stripe does not know these events' customers: check the tenants' mappings, then "
+        "requeue.",
+}
+
+
 def reason_text(code: str | None, *, customer: str | None, meter: str | None,
-                message: str | None = None) -> str:
+                message: str | None = None, group: bool = False) -> str:
     """A rejection in plain words, with what to do; Stripe's own message for an unknown
-    code."""
-    template = REASONS.get(code or "")
+    code. ``group``: said of several events."""
+    template = (GROUP_REASONS.get(code or "") if group else None) or REASONS.get(code or "")
     if template is None:
         return f"Stripe rejected it ({code or 'no code'}): {message or 'no message'}"
     return template.format(customer=customer or "(none)", meter=meter or "(none)")
@@ -127,7 +135,7 @@ def rejected_groups(engine: Engine, filters: RejectedFilters, limit: int = 50
             .where(*filters.conditions()).group_by(T.c.reject_code, T.c.meter)
             .order_by(func.count().desc()).limit(limit)).all()
     return [RejectGroup(code, meter, int(n), int(q), int(t), as_utc(lo), as_utc(hi),
-                        reason_text(code, customer="(each event's)", meter=meter))
+                        reason_text(code, customer=None, meter=meter, group=True))
             for code, meter, n, q, t, lo, hi in rows]
 
 
