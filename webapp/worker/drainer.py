@@ -42,7 +42,7 @@ from .meters import MeterCatalog, MeterRefresher, MeterSource
 from .process import gateway_from, policy_from, worker_name
 from .sending import Sender, Sent
 from .shards import ShardView
-from .throttle import RateLimiter
+from .throttle import RateLimiter, process_limiter
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,10 @@ class Drainer:
         self.stopping = threading.Event()
         self.sender = Sender(
             gateway=None, lanes=self.lanes,
-            limiter=RateLimiter(settings.stripe_max_requests_per_second, monotonic=monotonic),
+            limiter=(process_limiter(settings.stripe_max_requests_per_second)
+                     if monotonic is time.monotonic
+                     else RateLimiter(settings.stripe_max_requests_per_second,
+                                      monotonic=monotonic)),
             breaker=self.breaker, policy=self.policy, concurrency=settings.concurrency,
             safety_margin_seconds=settings.claim_safety_margin_seconds, clock=clock,
             monotonic=monotonic, stopping=self.stopping, on_systemic=self._pause_systemic,

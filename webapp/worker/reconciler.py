@@ -24,7 +24,7 @@ from ..outbox import sync
 from ..outbox.meters import MeterInfo, known_meters
 from ..outbox.states import Outcome
 from ..stripe_gateway import StripeCallFailed, SummaryItem
-from .throttle import RateLimiter
+from .throttle import RateLimiter, process_limiter
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ def reconcile(engine: Engine, source: SummarySource, settings: Settings, *,
     run = recon.RunRecord(since, until, started_at=now, trigger=trigger, tenant_id=tenant_id,
                           actor=actor)
     settle = settings.reconcile_settle_seconds
-    limiter = limiter or RateLimiter(settings.stripe_max_requests_per_second)
+    limiter = limiter or process_limiter(settings.stripe_max_requests_per_second)
     calls_before = source.calls
     with reading(engine) as conn:
         pairs = recon.local_totals(conn, since, until, now=now, settle_seconds=settle,

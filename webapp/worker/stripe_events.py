@@ -18,7 +18,7 @@ from ..db import reading
 from ..models import utcnow
 from ..outbox import rejections, sync
 from ..outbox.rejections import REPORT_TYPES, StripeReport
-from .throttle import RateLimiter
+from .throttle import process_limiter
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ class EventPoller:
         self.clock = clock
         self.on_meter_codes = on_meter_codes
         self.limiter = (None if max_requests_per_second is None
-                        else RateLimiter(max_requests_per_second))
+                        else process_limiter(max_requests_per_second))
         self.parallel = max(1, parallel)
 
     def _retrieve(self, event_id: str) -> StripeReport:

@@ -41,3 +41,17 @@ class RateLimiter:
                     return False
             else:
                 self._sleep(wait)
+
+
+_shared: dict[float, RateLimiter] = {}
+_shared_lock = threading.Lock()
+
+
+def process_limiter(rate: float) -> RateLimiter:
+    """The process's one limiter for ``rate``: sending, reading Stripe's reports and
+    reconciling all draw on it, so together they stay within the per-process ceiling."""
+    with _shared_lock:
+        limiter = _shared.get(rate)
+        if limiter is None:
+            limiter = _shared[rate] = RateLimiter(rate)
+        return limiter
