@@ -25,6 +25,10 @@ filled by set-based SQL (``INSERT … SELECT … generate_series``: no Python lo
   sample of events sent after failed calls, pause/resume pairs, tenant mappings and user
   creations (ids in time order, as the app writes them).
 - ``users``: an admin and 9 others (scrypt with small parameters, as the web tests do).
+- Stripe's side (issue 12): the 2 meters; 2,000 events sent in the last 30 days made
+  ``rejected`` (four of Stripe's codes) by 400 error reports of 5 samples each (one report
+  in 20 also carries a sample naming nothing of ours); 40 reconciliation runs, the last with
+  60 mismatches.
 
 Then ``ANALYZE`` and the first fold of the rollups, ``webapp.outbox.rollups.fold`` — what the
 folder service's first run after deploying on such a table pays (page views never fold);
@@ -296,6 +300,68 @@ FROM (
 ORDER BY id, k
 """
 
+#: Stripe's side: meters, rejected events with their reports and samples, reconciliation
+#: runs and the last one's mismatches. Before the first fold, as Stripe's reports would be.
+LOAD_STRIPE_SIDE = [
+    """INSERT INTO stripe_meters (event_name, meter_id, display_name, status, customer_key,
+           value_key, formula, seen_at, updated_at)
+       VALUES ('api_requests', 'mtr_bench0001', 'API requests', 'active',
+               'stripe_customer_id', 'value', 'sum', :now, :now),
+              ('tokens', 'mtr_bench0002', 'Tokens', 'active', 'stripe_customer_id', 'value',
+               'sum', :now, :now)""",
+    """CREATE TEMP TABLE bench_rejected ON COMMIT DROP AS
+       SELECT id, sent_at, row_number() OVER (ORDER BY id) AS k
+       FROM (SELECT id, sent_at FROM stripe_usage_outbox
+             WHERE status = 'sent' AND sent_at >= CAST(:now AS timestamptz) - interval '30 days'
+             ORDER BY id DESC LIMIT 2000) s""",
+    """INSERT INTO stripe_events (id, type, created, meter_id, source, stored_at, error_count,
+           sample_count, rejected, unmatched, summary, body)
+       SELECT 'evt_bench' || lpad(r::text, 6, '0'), 'v1.billing.meter.error_report_triggered',
+              max(sent_at) + interval '5 min', 'mtr_bench0001', 'poll',
+              max(sent_at) + interval '6 min', 5 + (r % 20 = 0)::int * 3,
+              5 + (r % 20 = 0)::int, 5, (r % 20 = 0)::int,
+              'There are ' || (5 + (r % 20 = 0)::int * 3) || ' invalid meter events.', '{}'
+       FROM (SELECT (k - 1) / 5 AS r, sent_at FROM bench_rejected) x GROUP BY r""",
+    """UPDATE stripe_usage_outbox o
+       SET status = 'rejected', rejected_at = b.sent_at + interval '6 min',
+           reject_code = (array['meter_event_customer_not_found',
+                                'meter_event_no_customer_defined', 'meter_event_invalid_value',
+                                'archived_meter'])[1 + (b.k % 4)::int],
+           reject_message = 'No such customer: ' || o.stripe_customer_id,
+           reject_event_id = 'evt_bench' || lpad(((b.k - 1) / 5)::text, 6, '0'),
+           updated_at = b.sent_at + interval '6 min'
+       FROM bench_rejected b WHERE o.id = b.id""",
+    """INSERT INTO stripe_error_samples (stripe_event_id, code, message, identifier, event_id,
+           outcome, at)
+       SELECT reject_event_id, reject_code, reject_message, idempotency_key, id, 'rejected',
+              rejected_at
+       FROM stripe_usage_outbox WHERE status = 'rejected'
+       UNION ALL
+       SELECT id, 'meter_event_customer_not_found', 'No such customer', 'elsewhere-' || id,
+              NULL, 'unmatched', stored_at
+       FROM stripe_events WHERE unmatched = 1""",
+    """INSERT INTO reconciliation_runs (started_at, finished_at, since, until, tenant_id,
+           "trigger", actor, buckets_checked, pending, mismatches, calls, ok, errors, notes)
+       SELECT CAST(:now AS timestamptz) - (40 - d) * interval '1 day',
+              CAST(:now AS timestamptz) - (40 - d) * interval '1 day' + interval '90 s',
+              date_trunc('hour', CAST(:now AS timestamptz)) - (75 - d) * interval '1 day',
+              date_trunc('hour', CAST(:now AS timestamptz)) - (40 - d) * interval '1 day',
+              NULL, 'schedule', NULL, 13800, 400, CASE WHEN d = 39 THEN 60 ELSE d % 3 END,
+              1170, true, '[]', '[]'
+       FROM generate_series(0, 39) d""",
+    """INSERT INTO reconciliation_mismatches (run_id, tenant_id, stripe_customer_id, meter,
+           formula, start, "end", local_units, stripe_units, difference)
+       SELECT (SELECT max(id) FROM reconciliation_runs), t.tenant_id, t.stripe_customer_id,
+              (array['api_requests', 'tokens'])[1 + i % 2], 'sum',
+              date_trunc('day', CAST(:now AS timestamptz)) - (2 + i % 30) * interval '1 day',
+              date_trunc('day', CAST(:now AS timestamptz)) - (1 + i % 30) * interval '1 day',
+              1000 + i, 1000 + i + (i % 7) - 3, (i % 7) - 3
+       FROM generate_series(0, 59) i
+       JOIN (SELECT tenant_id, stripe_customer_id,
+                    row_number() OVER (ORDER BY tenant_id) - 1 AS n
+             FROM billing_tenants WHERE stripe_customer_id IS NOT NULL) t ON t.n = i""",
+]
+
 LOAD_TENANTS = """
 INSERT INTO billing_tenants (tenant_id, name, stripe_customer_id, created_at, updated_at)
 SELECT 'tenant-' || lpad(i::text, 3, '0'), 'Tenant ' || i,
@@ -396,6 +462,9 @@ def load(url: str, n: int, log: Callable[[str], None]) -> dict[str, float]:
             with _timed(times, "audit"):
                 for stmt in LOAD_AUDIT:
                     conn.execute(text(stmt), params)
+            with _timed(times, "stripe side"):
+                for stmt in LOAD_STRIPE_SIDE:
+                    conn.execute(text(stmt), params)
         log(f"dashboard: attempts in {times['attempts']:.1f} s, audit in "
             f"{times['audit']:.1f} s")
         with _timed(times, "analyze"):
@@ -406,7 +475,9 @@ def load(url: str, n: int, log: Callable[[str], None]) -> dict[str, float]:
 
 
 LOADED_TABLES = ("stripe_usage_outbox", "stripe_usage_attempts", "audit_log",
-                 "audit_log_events", "billing_tenants", "users")
+                 "audit_log_events", "billing_tenants", "users", "stripe_meters",
+                 "stripe_events", "stripe_error_samples", "reconciliation_runs",
+                 "reconciliation_mismatches")
 ROLLUP_TABLES = ("usage_sent_rollup", "attempt_rollup", "rollup_state")
 
 
@@ -540,6 +611,12 @@ def routes(engine: Any, settings: Any) -> list[Route]:
         (f"event {dead_event} (dead, 12 attempts)", f"/events/{dead_event}"),
         ("audit log", "/audit"),
         ("users", "/users"),
+        ("rejected by Stripe", "/rejected"),
+        ("rejected, code=meter_event_customer_not_found",
+         "/rejected?code=meter_event_customer_not_found"),
+        ("requeue-all rejected preview", "/rejected/requeue-all"),
+        ("reconciliation (last run, 60 mismatches)", "/reconciliation"),
+        ("Stripe's side", "/stripe"),
     ]
     out = []
     for label, path in pages:
