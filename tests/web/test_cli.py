@@ -58,13 +58,6 @@ def as_json(result: subprocess.CompletedProcess[str]) -> Any:
 
 
 @pytest.fixture
-def eng(db_url: str) -> Iterator[Engine]:
-    e = make_engine(db_url)
-    yield e
-    e.dispose()
-
-
-@pytest.fixture
 def env(db_url: str, fake_stripe: Any) -> dict[str, str]:
     return worker_env(db_url, fake_stripe.base_url)
 
@@ -128,7 +121,7 @@ def test_db_upgrade_twice(empty_db_url: str) -> None:
 
 # -- tenants and enqueue --------------------------------------------------------------------------
 
-def test_tenants_set_and_list(env: dict[str, str], eng: Engine) -> None:
+def test_tenants_set_and_list(env: dict[str, str], engine: Engine) -> None:
     assert ok(cli("tenants", "set", "acme", "--stripe-customer", "cus_acme", "--name", "Acme",
                   env=env)).stdout.strip() == "acme -> cus_acme"
     ok(cli("tenants", "set", "beta", "--stripe-customer", "cus_beta", env=env))
@@ -137,11 +130,11 @@ def test_tenants_set_and_list(env: dict[str, str], eng: Engine) -> None:
         {"tenant_id": "acme", "name": "Acme", "stripe_customer_id": "cus_acme"},
         {"tenant_id": "beta", "name": None, "stripe_customer_id": "cus_beta"},
     ]
-    with eng.connect() as conn:
+    with engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM billing_tenants")).scalar_one() == 2
 
 
-def test_enqueue(env: dict[str, str], eng: Engine) -> None:
+def test_enqueue(env: dict[str, str], engine: Engine) -> None:
     when = (utcnow() - timedelta(hours=1)).replace(microsecond=0)
     first = as_json(cli("enqueue", "--tenant", "acme", "--quantity", "3", "--key", "k1",
                         "--occurred-at", when.isoformat().replace("+00:00", "Z"), env=env))
@@ -152,7 +145,7 @@ def test_enqueue(env: dict[str, str], eng: Engine) -> None:
     assert again["id"] == first["id"]
     one_line_error(cli("enqueue", "--tenant", "acme", "--quantity", "4", "--key", "k1",
                        env=env), "k1", "quantity", code=1)
-    with eng.connect() as conn:
+    with engine.connect() as conn:
         rows = conn.execute(select(T.c.idempotency_key, T.c.quantity, T.c.meter,
                                    T.c.occurred_at)).all()
     assert [tuple(r) for r in rows] == [("k1", 3, "api_requests", when)]
@@ -160,8 +153,8 @@ def test_enqueue(env: dict[str, str], eng: Engine) -> None:
 
 # -- stats and drain ------------------------------------------------------------------------------
 
-def test_stats_json_has_the_contracts_keys(env: dict[str, str], eng: Engine) -> None:
-    add_event(eng, "s1")
+def test_stats_json_has_the_contracts_keys(env: dict[str, str], engine: Engine) -> None:
+    add_event(engine, "s1")
     data = as_json(cli("stats", "--json", env=env))
     # the contract's keys (it allows more after them: "…")
     assert {"counts", "oldest_pending_age_seconds", "paused", "pause_reason"} <= set(data)
@@ -172,10 +165,10 @@ def test_stats_json_has_the_contracts_keys(env: dict[str, str], eng: Engine) -> 
     assert data["paused"] is False and data["pause_reason"] is None
 
 
-def test_drain_once_sends_and_prints_a_summary(env: dict[str, str], eng: Engine,
+def test_drain_once_sends_and_prints_a_summary(env: dict[str, str], engine: Engine,
                                                fake_stripe: Any) -> None:
-    map_acme(eng)
-    ids = [add_event(eng, f"d{i}", quantity=i + 1) for i in range(3)]
+    map_acme(engine)
+    ids = [add_event(engine, f"d{i}", quantity=i + 1) for i in range(3)]
     summary = as_json(cli("drain", "--once", env=env))
     assert summary["claimed"] == 3 and summary["sent"] == 3 and summary["calls"] == 3
     assert summary["paused"] is False
@@ -183,61 +176,61 @@ def test_drain_once_sends_and_prints_a_summary(env: dict[str, str], eng: Engine,
     accepted = fake_stripe.accepted()
     assert {k: (v.customer, v.value) for k, v in accepted.items()} == {
         "d0": ("cus_acme", "1"), "d1": ("cus_acme", "2"), "d2": ("cus_acme", "3")}
-    assert all(status_of(eng, i) == "sent" for i in ids)
+    assert all(status_of(engine, i) == "sent" for i in ids)
 
 
-def test_drain_without_api_key_sends_nothing(db_url: str, eng: Engine,
+def test_drain_without_api_key_sends_nothing(db_url: str, engine: Engine,
                                              fake_stripe: Any) -> None:
-    map_acme(eng)
-    event_id = add_event(eng, "nokey")
+    map_acme(engine)
+    event_id = add_event(engine, "nokey")
     env = worker_env(db_url, fake_stripe.base_url)
     del env["STRIPE_API_KEY"]
     summary = as_json(cli("drain", "--once", env=env))
     assert summary["sent"] == 0 and summary["claimed"] == 0
     assert "STRIPE_API_KEY" in (summary["skipped"] or "")
     assert fake_stripe.calls() == 0
-    assert status_of(eng, event_id) == "pending"
+    assert status_of(engine, event_id) == "pending"
 
 
 # -- dead letters ---------------------------------------------------------------------------------
 
-def test_requeue_and_resolve_dead_events(env: dict[str, str], eng: Engine,
+def test_requeue_and_resolve_dead_events(env: dict[str, str], engine: Engine,
                                          fake_stripe: Any) -> None:
-    map_acme(eng)
+    map_acme(engine)
     # Two events Stripe refused for good (a permanent 400 each), one sent.
-    to_requeue = add_event(eng, "dead-1")
-    to_resolve = add_event(eng, "dead-2")
-    sent = add_event(eng, "fine")
-    with eng.begin() as conn:
+    to_requeue = add_event(engine, "dead-1")
+    to_resolve = add_event(engine, "dead-2")
+    sent = add_event(engine, "fine")
+    with engine.begin() as conn:
         conn.execute(update(T).where(T.c.id.in_([to_requeue, to_resolve])).values(
             status="dead", dead_reason="Invalid value", dead_at=utcnow(), attempt_count=1,
             call_count=1, last_outcome="permanent"))
     summary = as_json(cli("drain", "--once", env=env))
     assert summary["sent"] == 1
-    assert (status_of(eng, to_requeue), status_of(eng, to_resolve), status_of(eng, sent)) == (
-        "dead", "dead", "sent")
+    assert [status_of(engine, i) for i in (to_requeue, to_resolve, sent)] == [
+        "dead", "dead", "sent"]
 
     out = ok(cli("requeue", str(to_requeue), env=env))
     assert "requeued 1" in out.stdout
-    assert status_of(eng, to_requeue) == "pending"
-    with eng.connect() as conn:
+    assert status_of(engine, to_requeue) == "pending"
+    with engine.connect() as conn:
         row = conn.execute(select(T.c.attempt_count, T.c.key_generation, T.c.dead_reason)
                            .where(T.c.id == to_requeue)).one()
     assert (row.attempt_count, row.key_generation, row.dead_reason) == (0, 1, None)
     # the requeued event goes through
     assert as_json(cli("drain", "--once", env=env))["sent"] == 1
-    assert status_of(eng, to_requeue) == "sent"
+    assert status_of(engine, to_requeue) == "sent"
 
-    assert status_of(eng, to_resolve) == "dead"
+    assert status_of(engine, to_resolve) == "dead"
     ok(cli("resolve", str(to_resolve), "--reason", "billed_manually", "--note",
            "invoiced by hand", env=env))
-    with eng.connect() as conn:
+    with engine.connect() as conn:
         r = conn.execute(select(T).where(T.c.id == to_resolve)).one()
     assert (r.status, r.resolve_reason, r.resolve_note) == (
         "resolved", "billed_manually", "invoiced by hand")
     assert r.resolved_by.startswith("cli:")
 
-    audits = audit_rows(eng)
+    audits = audit_rows(engine)
     assert [(a.action, a.event_ids, a.reason_code) for a in audits] == [
         ("requeue", str(to_requeue), None),
         ("resolve", str(to_resolve), "billed_manually")]
@@ -246,39 +239,39 @@ def test_requeue_and_resolve_dead_events(env: dict[str, str], eng: Engine,
 
     # a sent event cannot be requeued, and nothing changes
     one_line_error(cli("requeue", str(sent), env=env), str(sent), "sent", code=1)
-    assert status_of(eng, sent) == "sent"
-    assert len(audit_rows(eng)) == 2
+    assert status_of(engine, sent) == "sent"
+    assert len(audit_rows(engine)) == 2
     assert fake_stripe.accept_count() == 2
 
 
 # -- pause and resume -----------------------------------------------------------------------------
 
-def test_pause_and_resume(env: dict[str, str], eng: Engine, fake_stripe: Any) -> None:
-    map_acme(eng)
-    event_id = add_event(eng, "p1")
+def test_pause_and_resume(env: dict[str, str], engine: Engine, fake_stripe: Any) -> None:
+    map_acme(engine)
+    event_id = add_event(engine, "p1")
     ok(cli("pause", "--reason", "x", env=env))
     stats = as_json(cli("stats", "--json", env=env))
     assert stats["paused"] is True and stats["pause_reason"] == "x"
     summary = as_json(cli("drain", "--once", env=env))
     assert summary["paused"] is True and summary["sent"] == 0 and summary["claimed"] == 0
     assert fake_stripe.calls() == 0
-    assert status_of(eng, event_id) == "pending"
+    assert status_of(engine, event_id) == "pending"
     ok(cli("resume", env=env))
-    with eng.connect() as conn:
+    with engine.connect() as conn:
         assert pause_state(conn).paused is False
-    audits = audit_rows(eng)
+    audits = audit_rows(engine)
     assert [(a.action, a.note) for a in audits] == [("pause", "x"), ("resume", None)]
     assert all(a.actor.startswith("cli:") for a in audits)
 
 
 # -- users ----------------------------------------------------------------------------------------
 
-def test_users_create(env: dict[str, str], eng: Engine) -> None:
+def test_users_create(env: dict[str, str], engine: Engine) -> None:
     password = "correct horse battery staple"
     out = ok(cli("users", "create", "A@B.co", "--role", "admin", "--password-stdin", env=env,
                  input=password + "\n"))
     assert "a@b.co" in out.stdout
-    with eng.connect() as conn:
+    with engine.connect() as conn:
         user = conn.execute(select(User.__table__)).one()
     assert (user.email, user.role, user.active) == ("a@b.co", "admin", True)
     assert password not in user.password_hash

@@ -32,7 +32,7 @@ from sqlalchemy import (
 from sqlalchemy import update as sa_update
 from sqlalchemy.dialects import postgresql
 
-from .sql import CLAIMABLE_SQL, PROCESSING_SQL, TENANTS, T, id_in
+from .sql import CLAIMABLE_SQL, PROCESSING_SQL, SENT_AS, TENANTS, T, id_in
 from .states import EventView, Status, idempotency_key
 
 #: Where a claimed event goes back to without a call: pending if never called, else retrying.
@@ -105,9 +105,8 @@ def new_token() -> str:
     return secrets.token_hex(16)
 
 
-_CLAIM_COLUMNS = (T.c.id, T.c.tenant_id, T.c.meter, T.c.quantity,
-                  func.coalesce(T.c.stripe_identifier, T.c.idempotency_key),
-                  T.c.occurred_at, T.c.stripe_customer_id, T.c.attempt_count, T.c.call_count,
+_CLAIM_COLUMNS = (T.c.id, T.c.tenant_id, T.c.meter, T.c.quantity, SENT_AS, T.c.occurred_at,
+                  T.c.stripe_customer_id, T.c.attempt_count, T.c.call_count,
                   T.c.key_generation, T.c.first_unknown_at)
 
 _LANE_SHARD = (f"(hashtextextended(COALESCE(o.stripe_customer_id, t.stripe_customer_id) "

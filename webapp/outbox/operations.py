@@ -19,7 +19,7 @@ from ..audit import write_audit
 from ..db import reading as reading_conn
 from .control import OPERATOR, set_paused
 from .rollups import lock_sent_mark, unfold_sent
-from .sql import TENANTS, T, as_utc, id_in
+from .sql import SENT_AS, TENANTS, T, as_utc, id_in
 from .states import (
     CANCEL_REFUSALS,
     NEEDS_A_PERSON,
@@ -200,6 +200,15 @@ def _identifier_taken(conn: Connection, identifier: str) -> bool:
         .limit(1)).first() is not None
 
 
+def _check_reason(reason: str, note: str | None, verb: str) -> None:
+    """A person's reason code and note, required to resolve or cancel events."""
+    if reason not in RESOLVE_REASONS:
+        raise OperationError(f"reason must be one of {', '.join(RESOLVE_REASONS)}, "
+                             f"got {reason!r}")
+    if not note or not note.strip():
+        raise OperationError(f"a note is required to {verb} events")
+
+
 def resolve(engine: Engine, ids: Sequence[int], *, actor: str, reason: str, note: str,
             now: datetime) -> ActionResult:
     """Close dead or rejected events by hand with a reason code and a note; they stay in
@@ -209,11 +218,7 @@ def resolve(engine: Engine, ids: Sequence[int], *, actor: str, reason: str, note
     neither dead nor rejected.
     """
     ids = _unique_ids(ids)
-    if reason not in RESOLVE_REASONS:
-        raise OperationError(f"reason must be one of {', '.join(RESOLVE_REASONS)}, "
-                             f"got {reason!r}")
-    if not note or not note.strip():
-        raise OperationError("a note is required to resolve events")
+    _check_reason(reason, note, "resolve")
     with engine.begin() as conn:
         rows = _load(conn, ids)
         problems = [f"{i}: no such event" if i not in rows else
@@ -254,15 +259,11 @@ def cancel_targets(engine: Engine, ids: Sequence[int], *, reason: str, note: str
     :class:`OperationError` naming every event that cannot be cancelled (not sent, or
     accepted by Stripe more than 24 hours ago), an unknown reason or an empty note."""
     ids = _unique_ids(ids)
-    if reason not in RESOLVE_REASONS:
-        raise OperationError(f"reason must be one of {', '.join(RESOLVE_REASONS)}, "
-                             f"got {reason!r}")
-    if not note or not note.strip():
-        raise OperationError("a note is required to cancel events")
+    _check_reason(reason, note, "cancel")
     with reading_conn(engine) as conn:
         rows = {r.id: r for r in conn.execute(
-            select(T.c.id, T.c.status, T.c.sent_at, T.c.meter, T.c.idempotency_key,
-                   T.c.stripe_identifier).where(id_in(conn, T.c.id, ids)))}
+            select(T.c.id, T.c.status, T.c.sent_at, T.c.meter, SENT_AS)
+            .where(id_in(conn, T.c.id, ids)))}
     problems = []
     for i in ids:
         r = rows.get(i)
@@ -276,8 +277,7 @@ def cancel_targets(engine: Engine, ids: Sequence[int], *, reason: str, note: str
                             else f"{i}: {CANCEL_REFUSALS[check]}")
     if problems:
         raise OperationError("; ".join(problems))
-    return [Cancellable(i, rows[i].meter, rows[i].stripe_identifier or rows[i].idempotency_key)
-            for i in ids]
+    return [Cancellable(i, rows[i].meter, rows[i].sent_as) for i in ids]
 
 
 def record_cancelled(engine: Engine, ids: Sequence[int], *, actor: str, reason: str,

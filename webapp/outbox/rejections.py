@@ -21,7 +21,7 @@ from sqlalchemy import Connection, Engine, insert, select
 from sqlalchemy import update as sa_update
 
 from .rollups import lock_sent_mark, unfold_sent
-from .sql import ERROR_SAMPLES, STRIPE_EVENTS, T, as_utc, insert_for
+from .sql import ERROR_SAMPLES, SENT_AS, STRIPE_EVENTS, T, as_utc, insert_for
 from .states import Move, Status, allowed, identifier_of
 
 ERROR_REPORT = "v1.billing.meter.error_report_triggered"
@@ -78,8 +78,7 @@ class Applied:
 
 def is_stored(conn: Connection, report_id: str) -> bool:
     """Whether the report with this id is already stored."""
-    return conn.execute(select(STRIPE_EVENTS.c.id).where(STRIPE_EVENTS.c.id == report_id)
-                        ).first() is not None
+    return bool(stored_ids(conn, [report_id]))
 
 
 def stored_ids(conn: Connection, report_ids: Sequence[str]) -> set[str]:
@@ -170,7 +169,7 @@ def _apply(conn: Connection, reports: Sequence[tuple[str, Sequence[ErrorSample]]
 def _outcome(ev: Any, sample: ErrorSample, done: set[int]) -> str:
     if ev is None:
         return UNMATCHED
-    if identifier_of(sample.identifier or "") != (ev.stripe_identifier or ev.idempotency_key):
+    if identifier_of(sample.identifier or "") != ev.sent_as:
         return STALE
     if int(ev.id) in done or not (allowed(ev.status, Move.REJECT) or ev.status in _IN_FLIGHT):
         return ALREADY
@@ -182,8 +181,8 @@ def _events_named(conn: Connection, identifiers: list[str]) -> dict[str, Any]:
     idempotency key (an identifier they went by before a requeue is still recognised)."""
     if not identifiers:
         return {}
-    columns = (T.c.id, T.c.status, T.c.idempotency_key, T.c.stripe_identifier, T.c.sent_at,
-               T.c.occurred_at, T.c.tenant_id, T.c.meter, T.c.quantity)
+    columns = (T.c.id, T.c.status, T.c.idempotency_key, T.c.stripe_identifier, SENT_AS,
+               T.c.sent_at, T.c.occurred_at, T.c.tenant_id, T.c.meter, T.c.quantity)
     found: dict[str, Any] = {}
     for r in conn.execute(select(*columns).where(T.c.idempotency_key.in_(identifiers))):
         found[r.idempotency_key] = r

@@ -58,6 +58,9 @@ from ..models import (
 from .states import ALL_STATUSES, AnyOf, Condition, Equals, Not, OlderThan, StatusIn
 
 T = cast(Table, OutboxEvent.__table__)
+#: The identifier Stripe knows an event by: a new one after a rejected event's requeue,
+#: else its idempotency key (``OutboxEvent.identifier`` in Python).
+SENT_AS = func.coalesce(T.c.stripe_identifier, T.c.idempotency_key).label("sent_as")
 ATTEMPTS = cast(Table, DeliveryAttempt.__table__)
 TENANTS = cast(Table, Tenant.__table__)
 AUDIT = cast(Table, AuditEntry.__table__)

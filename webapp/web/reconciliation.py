@@ -11,7 +11,7 @@ from flask.typing import ResponseReturnValue
 
 from ..outbox import sync
 from ..read.reconciliation import reconciliation_page
-from ..worker import reconcile
+from ..worker import RECONCILE_LEASE_SECONDS, reconcile
 from .common import int_arg, render, svc
 from .security import current_user, require_role
 
@@ -45,7 +45,7 @@ def run() -> ResponseReturnValue:
         return redirect(url_for("reconciliation.index"), code=303)
     owner = f"button:{user.email}"
     if not sync.take_lease(services.engine, sync.RECONCILE, owner=owner, now=services.clock(),
-                           seconds=3600):
+                           seconds=RECONCILE_LEASE_SECONDS):
         flash("A reconciliation is already running; this page shows it when it ends.", "ok")
         return redirect(url_for("reconciliation.index"), code=303)
 

@@ -23,12 +23,14 @@ from .folder import RollupFolder
 from .maintenance import Maintenance, Scheduled, services_for
 from .meters import MeterRefresher
 from .process import freeze_startup_objects, gateway_from
+from .reconciler import LEASE_SECONDS as RECONCILE_LEASE_SECONDS
 from .reconciler import Reconciler, reconcile
 from .rescuer import Rescuer
 from .stripe_events import EventPoller, PollSummary
 from .stripe_events import store as store_report
 
-__all__ = ["CancelOutcome", "DrainSummary", "Drainer", "EventPoller", "Maintenance",
+__all__ = ["RECONCILE_LEASE_SECONDS", "CancelOutcome", "DrainSummary", "Drainer",
+           "EventPoller", "Maintenance",
            "MeterRefresher", "PollSummary", "Reconciler", "Rescuer", "RollupFolder",
            "Scheduled", "cancel_events", "freeze_startup_objects", "gateway_from", "reconcile",
            "services_for", "store_report"]

@@ -59,12 +59,12 @@ class PollSummary:
 
 
 def store(engine: Engine, report: StripeReport, *, source: str, now: datetime,
-          on_meter_codes: Callable[[], object] | None = None,
-          quiet: bool = False) -> rejections.Applied:
+          on_meter_codes: Callable[[], object] | None = None) -> rejections.Applied:
     """Store one report and apply it; a report that says a meter is missing makes the
-    meters be read again (``on_meter_codes``). ``quiet``: the caller logs a summary."""
+    meters be read again (``on_meter_codes``). One pushed report; a poll stores its reports
+    in chunks and logs a summary."""
     applied = rejections.store_report(engine, report, source=source, now=now)
-    if applied.stored and not quiet:
+    if applied.stored:
         if applied.rejected:
             log.warning("Stripe reported %d event(s) invalid after accepting them (%s): "
                         "rejected", applied.rejected, report.id)
