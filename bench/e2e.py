@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -138,7 +139,7 @@ def fake_stripe(latency: float) -> Iterator[FakeStripeProcess]:
 def worker_env(url: str, api_base: str, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("OUTBOX_", "STRIPE_", "DATABASE_URL", "DRAINER_"))}
-    env.update(DATABASE_URL=url, SECRET_KEY="bench-secret", STRIPE_API_KEY=TEST_API_KEY,
+    env.update(DATABASE_URL=url, SECRET_KEY=secrets.token_urlsafe(48), STRIPE_API_KEY=TEST_API_KEY,
                STRIPE_API_BASE=api_base, PYTHONUNBUFFERED="1",
                # the drained: lines, read back for the releases
                LOG_LEVEL="INFO", LOG_FORMAT="text")

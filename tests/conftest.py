@@ -168,7 +168,8 @@ def settings(db_url: str, fake_stripe: Any) -> Settings:
 def worker_env(db_url: str, api_base: str | None = None, **extra: str) -> dict[str, str]:
     """The environment of a real ``billing-outbox`` process in tests."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "STRIPE_"))}
-    env.update(DATABASE_URL=db_url, SECRET_KEY="test-secret", STRIPE_API_KEY=TEST_API_KEY,
+    env.update(DATABASE_URL=db_url, SECRET_KEY=secrets.token_urlsafe(48),
+               STRIPE_API_KEY=TEST_API_KEY,
                STRIPE_TIMEOUT_SECONDS="5", STRIPE_MAX_REQUESTS_PER_SECOND="10000",
                OUTBOX_INITIAL_BACKOFF_SECONDS="0.05", OUTBOX_MAX_BACKOFF_SECONDS="1",
                OUTBOX_CLAIM_TIMEOUT_SECONDS="30", OUTBOX_POLL_INTERVAL_SECONDS="0.05",

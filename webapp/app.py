@@ -14,7 +14,7 @@ from sqlalchemy import Engine
 from . import config
 from .config import ConfigError, Settings, embedded_secret_key
 from .db import make_engine, make_session_factory
-from .logging_setup import configure_logging
+from .logging_setup import Redactor, configure_logging, install_redaction
 from .services import EXTENSION, Services, services_of
 
 TEMPLATES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -33,7 +33,9 @@ def create_app(test_config: Mapping[str, Any] | None = None, *,
     test_config = dict(test_config or {})
     testing = bool(test_config.get("TESTING"))
     settings = settings or Settings.from_env(testing=testing)
-    configure_logging(settings.log_format, settings.log_level)
+    configure_logging(settings.log_format, settings.log_level,
+                      secrets=(settings.secret_key, settings.stripe_api_key,
+                               settings.stripe_webhook_secret, settings.metrics_token))
 
     app = Flask(__name__, template_folder=TEMPLATES, static_folder=STATIC,
                 instance_path=str(config.INSTANCE_DIR))
@@ -42,10 +44,19 @@ def create_app(test_config: Mapping[str, Any] | None = None, *,
         SESSION_COOKIE_HTTPONLY=True,
         SESSION_COOKIE_SAMESITE="Lax",
         SESSION_COOKIE_SECURE=_cookie_secure(settings),
-        PERMANENT_SESSION_LIFETIME=12 * 3600,
+        PERMANENT_SESSION_LIFETIME=int(settings.session_max_age_seconds),
         MAX_CONTENT_LENGTH=1 * 1024 * 1024,
     )
     app.config.update(test_config)
+    Redactor.know([app.config["SECRET_KEY"]])
+
+    if settings.trusted_proxies:
+        # Behind N reverse proxies: the client's address and scheme from their headers (the
+        # log-in throttle counts per address; the Secure cookie needs to know it is HTTPS).
+        from werkzeug.middleware.proxy_fix import ProxyFix
+
+        n = settings.trusted_proxies
+        app.wsgi_app = ProxyFix(app.wsgi_app, x_for=n, x_proto=n, x_host=n)  # type: ignore[method-assign]
 
     engine = engine or make_engine(settings.database_url)
     app.extensions[EXTENSION] = Services(settings, engine, make_session_factory(engine))
@@ -63,18 +74,36 @@ def create_app(test_config: Mapping[str, Any] | None = None, *,
         from .web.scheduler import start_scheduler
 
         start_scheduler(services_of(app))
+    install_redaction()  # handlers set up by gunicorn or the host before the app was built
     return app
 
 
+GENERATE_KEY = "python -c 'import secrets; print(secrets.token_urlsafe(48))'"
+
+
+def _is_embedded(settings: Settings) -> bool:
+    """The embedded default: SQLite in ``instance/``, DATABASE_URL not set."""
+    return settings.database_url.startswith("sqlite") and not os.environ.get("DATABASE_URL")
+
+
+def _is_debug() -> bool:
+    return os.environ.get("FLASK_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
+
+
 def _secret_key(settings: Settings, testing: bool) -> str:
+    """The key that signs sessions. Outside tests, debug and the embedded default a weak one
+    (short, one character repeated, a placeholder) stops start-up with one line naming it."""
     if settings.secret_key:
+        if not (testing or _is_debug() or _is_embedded(settings)):
+            problem = config.secret_key_problem(settings.secret_key)
+            if problem:
+                raise ConfigError(f"{problem}; generate one with {GENERATE_KEY}")
         return settings.secret_key
     if testing:
         return secrets.token_urlsafe(32)
-    if settings.database_url.startswith("sqlite") and not os.environ.get("DATABASE_URL"):
+    if _is_embedded(settings):
         return embedded_secret_key()
-    raise ConfigError("SECRET_KEY must be set (it signs sessions); e.g. "
-                      "python -c 'import secrets; print(secrets.token_urlsafe(48))'")
+    raise ConfigError(f"SECRET_KEY must be set (it signs sessions); e.g. {GENERATE_KEY}")
 
 
 def _cookie_secure(settings: Settings) -> bool:
@@ -85,4 +114,4 @@ def _cookie_secure(settings: Settings) -> bool:
             raise ConfigError(f"SESSION_COOKIE_SECURE: expected true or false, got {raw!r}")
         return value in ("1", "true", "yes", "on")
     # The embedded default serves plain http on 127.0.0.1; anything else is behind TLS.
-    return not (settings.database_url.startswith("sqlite") and not os.environ.get("DATABASE_URL"))
+    return not _is_embedded(settings)

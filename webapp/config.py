@@ -54,6 +54,10 @@ class Settings:
     reconcile_settle_seconds: float = 3600.0
     log_format: str = "text"
     log_level: str = "INFO"
+    session_idle_seconds: float = 3600.0
+    session_max_age_seconds: float = 12 * 3600.0
+    metrics_token: str | None = field(default=None, repr=False)
+    trusted_proxies: int = 0
     testing: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -127,6 +131,12 @@ class Settings:
                                                low=0.0, high=30 * 86_400),
             reconcile_settle_seconds=_number(env, "RECONCILE_SETTLE_SECONDS", 3600.0,
                                              low=0.0, high=7 * 86_400),
+            session_idle_seconds=_number(env, "SESSION_IDLE_TIMEOUT_SECONDS", 3600.0, low=60.0,
+                                         high=30 * 86_400),
+            session_max_age_seconds=_number(env, "SESSION_MAX_AGE_SECONDS", 12 * 3600.0,
+                                            low=300.0, high=90 * 86_400),
+            metrics_token=_metrics_token(env.get("METRICS_TOKEN")),
+            trusted_proxies=_integer(env, "TRUSTED_PROXIES", 0, low=0, high=5),
             log_format=_choice(env, "LOG_FORMAT", "text", ("text", "json")),
             log_level=_choice(env, "LOG_LEVEL", "INFO",
                               ("DEBUG", "INFO", "WARNING", "ERROR"), upper=True),
@@ -143,6 +153,10 @@ class Settings:
 
     def validate(self) -> None:
         """Refuse combinations that would break a delivery guarantee."""
+        if self.session_idle_seconds > self.session_max_age_seconds:
+            raise ConfigError(
+                "SESSION_IDLE_TIMEOUT_SECONDS must not exceed SESSION_MAX_AGE_SECONDS "
+                f"({self.session_idle_seconds:g} > {self.session_max_age_seconds:g})")
         if self.max_backoff_seconds < self.initial_backoff_seconds:
             raise ConfigError(
                 "OUTBOX_MAX_BACKOFF_SECONDS must be at least OUTBOX_INITIAL_BACKOFF_SECONDS "
@@ -203,6 +217,38 @@ def _webhook_secret(raw: str | None) -> str | None:
         raise ConfigError("STRIPE_WEBHOOK_SECRET must be the signing secret Stripe showed when "
                           "the event destination was created (whsec_…)")
     return secret
+
+
+def _metrics_token(raw: str | None) -> str | None:
+    if not raw:
+        return None
+    token = raw.strip()
+    if len(token) < 16 or not token.isprintable() or " " in token:
+        raise ConfigError("METRICS_TOKEN must be at least 16 printable characters without "
+                          "spaces (a Prometheus bearer token)")
+    return token
+
+
+#: Values copied from examples and templates instead of generated.
+PLACEHOLDER_SECRETS = ("changeme", "changethis", "replaceme", "yoursecret", "secretkey",
+                       "mysecret", "supersecret", "placeholder", "notasecret", "insecure",
+                       "development", "defaultkey", "example", "password", "xxxxxxxx",
+                       "12345678", "letmein", "sessionkey")
+
+
+def secret_key_problem(key: str) -> str | None:
+    """Why ``key`` is too weak to sign sessions, or None. Named in the one-line refusal."""
+    if len(key.encode()) < 32:
+        return f"SECRET_KEY is too short ({len(key.encode())} bytes; at least 32 are needed)"
+    if len(set(key)) == 1:
+        return "SECRET_KEY is one character repeated"
+    if len(set(key)) < 8:
+        return f"SECRET_KEY uses only {len(set(key))} different characters"
+    squashed = "".join(ch for ch in key.lower() if ch.isalnum())
+    for word in PLACEHOLDER_SECRETS:
+        if word in squashed:
+            return f"SECRET_KEY looks like a placeholder (it contains {word!r})"
+    return None
 
 
 def _url(name: str, raw: str | None, default: str) -> str:

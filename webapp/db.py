@@ -21,6 +21,8 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     SQLite answers with "database is locked" at once); readers (:func:`reading`) begin
     deferred, so they never hold the write lock a drain pass waits on.
     """
+    # SQL errors name the statement, never its values (a password hash, a customer's data).
+    kwargs.setdefault("hide_parameters", True)
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False},
                                **kwargs)
