@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import Engine, func, insert, select
 
 from webapp.models import AuditEntry, Control, DeliveryAttempt, OutboxEvent, Tenant, User, utcnow
+from webapp.read.audit import NOT_SIGN_IN
 
 T = OutboxEvent.__table__
 
@@ -119,7 +120,8 @@ class Seed:
 
     def audit_count(self) -> int:
         with self.engine.connect() as conn:
-            return int(conn.execute(select(func.count()).select_from(AuditEntry.__table__))
+            return int(conn.execute(select(func.count()).select_from(AuditEntry.__table__)
+                                    .where(NOT_SIGN_IN))
                        .scalar_one())
 
     def snapshot(self) -> tuple[Any, ...]:
@@ -129,5 +131,5 @@ class Seed:
             tenants = conn.execute(select(Tenant.__table__)).all()
             control = conn.execute(select(Control.__table__)).all()
             users = conn.execute(select(User.__table__.c.email, User.__table__.c.active)).all()
-            audit = conn.execute(select(AuditEntry.__table__)).all()
+            audit = conn.execute(select(AuditEntry.__table__).where(NOT_SIGN_IN)).all()
         return (events, tenants, control, users, audit)

@@ -16,7 +16,7 @@ from .outbox import (
     SentUsageRollup,
     Tenant,
 )
-from .people import AuditEntry, AuditEvent, User
+from .people import AuditEntry, AuditEvent, LoginThrottle, User
 from .stripe_sync import (
     ReconciliationMismatch,
     ReconciliationRun,
@@ -28,7 +28,8 @@ from .stripe_sync import (
 
 __all__ = [
     "IN_FLIGHT_SQL", "NAMING", "WAITING_IDLE_SQL", "AttemptRollup", "AuditEntry", "AuditEvent",
-    "Base", "BigID", "Control", "DeliveryAttempt", "OutboxEvent", "ReconciliationMismatch",
+    "Base", "BigID", "Control", "DeliveryAttempt", "LoginThrottle", "OutboxEvent",
+    "ReconciliationMismatch",
     "ReconciliationRun", "RollupState", "SentUsageRollup", "StripeErrorSample", "StripeEvent",
     "StripeMeter", "SyncState", "Tenant", "UTCDateTime", "User", "utcnow",
 ]

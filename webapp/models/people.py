@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Boolean, ForeignKey, Integer, String, Text
+from sqlalchemy import Boolean, ForeignKey, Integer, String, Text, false
 from sqlalchemy.orm import Mapped, mapped_column
 
 from .base import Base, BigID, UTCDateTime
@@ -22,6 +22,25 @@ class User(Base):
     active: Mapped[bool] = mapped_column(Boolean, default=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     last_login_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    #: Bumped by log-out, deactivation, a password change, a role change and "end sessions":
+    #: a session cookie names the generation it was issued under and dies when it moves on.
+    session_generation: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    #: Set by an admin's password reset: every page leads to "choose a new password" until then.
+    must_change_password: Mapped[bool] = mapped_column(Boolean, default=False,
+                                                       server_default=false())
+    password_changed_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class LoginThrottle(Base):
+    """Failed log-ins per account (``account:<email>``) and per client address
+    (``address:<ip>``), shared by every process: a lock holds until ``locked_until``."""
+
+    __tablename__ = "login_throttle"
+
+    key: Mapped[str] = mapped_column(String(300), primary_key=True)
+    failures: Mapped[int] = mapped_column(Integer, default=0)
+    window_started_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    locked_until: Mapped[datetime | None] = mapped_column(UTCDateTime())
 
 
 class AuditEntry(Base):

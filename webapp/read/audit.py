@@ -13,6 +13,14 @@ from ..db import reading
 from ..outbox.sql import AUDIT, AUDIT_EVENTS, row_dict
 from .paging import MAX_PAGE
 
+#: Sign-in events: kept in the same log, shown on their own ("sign-ins") so a day of log-ins
+#: does not bury the actions taken on events.
+SIGN_IN_ACTIONS = ("login", "login_failure", "login_lockout", "login_refused_locked", "logout")
+#: A condition: the entry is not a sign-in event.
+NOT_SIGN_IN = AUDIT.c.action.not_in(SIGN_IN_ACTIONS)
+#: ``action`` values that name a group rather than one action.
+ALL, SIGN_INS = "all", "sign-ins"
+
 
 @dataclass(frozen=True)
 class AuditFilters:
@@ -33,7 +41,11 @@ class AuditFilters:
         where: list[Any] = []
         if self.actor:
             where.append(AUDIT.c.actor.icontains(self.actor, autoescape=True))
-        if self.action:
+        if self.action == SIGN_INS:
+            where.append(AUDIT.c.action.in_(SIGN_IN_ACTIONS))
+        elif self.action == "":
+            where.append(NOT_SIGN_IN)
+        elif self.action != ALL:
             where.append(AUDIT.c.action == self.action)
         if self.since:
             where.append(AUDIT.c.at >= datetime(self.since.year, self.since.month,

@@ -15,12 +15,15 @@ def users_list(engine: Engine) -> list[dict[str, Any]]:
     with reading(engine) as conn:
         return [row_dict(r) for r in conn.execute(
             select(USERS.c.id, USERS.c.email, USERS.c.role, USERS.c.active, USERS.c.created_at,
-                   USERS.c.last_login_at).order_by(USERS.c.email))]
+                   USERS.c.last_login_at, USERS.c.password_changed_at,
+                   USERS.c.must_change_password).order_by(USERS.c.email))]
 
 
 def user_by_id(conn: Connection, user_id: int) -> dict[str, Any] | None:
-    """A user's id, email, role and whether they are active; None if there is none."""
-    row = conn.execute(select(USERS.c.id, USERS.c.email, USERS.c.role, USERS.c.active)
+    """A user's id, email, role, whether they are active, their session generation and
+    whether they must change their password; None if there is none."""
+    row = conn.execute(select(USERS.c.id, USERS.c.email, USERS.c.role, USERS.c.active,
+                              USERS.c.session_generation, USERS.c.must_change_password)
                        .where(USERS.c.id == user_id)).first()
     return dict(row._mapping) if row else None
 

@@ -38,3 +38,4 @@ def register_blueprints(app: Flask) -> None:
     for module in (health, metrics, webhook, auth, dashboard, tenants, dead_letters, rejected,
                    events, reconciliation, stripe_side, audit, users):
         app.register_blueprint(module.bp)
+    app.register_blueprint(auth.account_bp)

@@ -1,16 +1,30 @@
-"""Signing in and out, and the first-run page shown while no user exists."""
+"""Signing in and out (throttled per account and per address), the first-run page shown while
+no user exists, and a person's own account: changing their password."""
 
 from __future__ import annotations
 
-from flask import Blueprint, redirect, request, session, url_for
+import math
+from datetime import datetime
+
+from flask import Blueprint, Response, flash, redirect, request, session, url_for
 from flask.typing import ResponseReturnValue
 
+from .. import login_throttle as throttle
+from ..audit import write_audit
 from ..read.users import user_count
-from ..users import authenticate, record_login
+from ..users import UserError, authenticate, change_password, end_sessions, record_login
 from .common import now, render, svc
-from .security import current_user, safe_next, sign_in
+from .security import (
+    INSECURE_TRANSPORT,
+    current_user,
+    insecure_transport,
+    require_role,
+    safe_next,
+    sign_in,
+)
 
 bp = Blueprint("auth", __name__)
+account_bp = Blueprint("account", __name__)
 
 
 @bp.route("/login", methods=["GET", "POST"])
@@ -20,22 +34,93 @@ def login() -> ResponseReturnValue:
     target = safe_next(request.values.get("next"), url_for("dashboard.overview"))
     if user_count(engine) == 0:
         return render("auth/first_run.html", status=200)
+    warning = INSECURE_TRANSPORT if insecure_transport() else None
     if request.method == "GET":
         if current_user() is not None:
             return redirect(target)
-        return render("auth/login.html", next=target, email="", error=None)
-    email = request.form.get("email", "")[:254]
-    user = authenticate(engine, email, request.form.get("password", "")[:1024])
+        return render("auth/login.html", next=target, email="", error=None, warning=warning)
+    email = request.form.get("email", "").strip().lower()[:254]
+    password = request.form.get("password", "")
+    address = request.remote_addr or "unknown"
+    keys = [throttle.account_key(email), throttle.address_key(address)]
+    actor = email or "(no email given)"
+    when = now()
+
+    locked = throttle.locked_until(engine, keys, now=when)
+    if locked is not None:
+        with engine.begin() as conn:
+            write_audit(conn, actor=actor, action="login_refused_locked",
+                        note=f"from {address}; locked until {locked.isoformat()}", now=when)
+        return _too_many(email, target, locked, when)
+
+    user = authenticate(engine, email, password)
     if user is None:
-        return render("auth/login.html", status=401, next=target, email=email,
+        with engine.begin() as conn:
+            write_audit(conn, actor=actor, action="login_failure", note=f"from {address}",
+                        now=when)
+            locks = [throttle.record_failure(conn, keys[0], throttle.ACCOUNT, now=when),
+                     throttle.record_failure(conn, keys[1], throttle.ADDRESS, now=when)]
+            for key, until in zip(keys, locks, strict=True):
+                if until is not None:
+                    write_audit(conn, actor=actor, action="login_lockout",
+                                note=f"{key} locked until {until.isoformat()} after "
+                                     f"repeated failures (from {address})", now=when)
+        until = max((u for u in locks if u is not None), default=None)
+        if until is not None:
+            return _too_many(email, target, until, when)
+        return render("auth/login.html", status=401, next=target, email=email, warning=warning,
                       error="Wrong email or password, or the account is deactivated.")
-    sign_in(user.id)
-    record_login(engine, user.id, now=now())
+
+    with engine.begin() as conn:
+        throttle.clear(conn, keys[0])
+        write_audit(conn, actor=user.email, action="login", note=f"from {address}", now=when)
+    record_login(engine, user.id, now=when)
+    sign_in(user.id, user.session_generation)
+    if user.must_change_password:
+        flash("An administrator reset your password. Choose a new one to continue.", "info")
+        return redirect(url_for("account.password"), code=303)
     return redirect(target, code=303)
+
+
+def _too_many(email: str, target: str, until: datetime, when: datetime) -> Response:
+    seconds = max(1, math.ceil((until - when).total_seconds()))
+    minutes = max(1, math.ceil(seconds / 60))
+    resp = render("auth/login.html", status=429, next=target, email=email, warning=None,
+                  error=f"Too many failed log-ins for this account or from this address. "
+                        f"Try again in {minutes} minute{'s' if minutes != 1 else ''}.")
+    resp.headers["Retry-After"] = str(seconds)
+    return resp
 
 
 @bp.post("/logout")
 def logout() -> ResponseReturnValue:
-    """End the session (a POST with the CSRF token, so no page can sign you out)."""
+    """End every session of the signed-in user, on every device (a POST with the CSRF token,
+    so no page can sign you out)."""
+    user = current_user()
+    if user is not None:
+        end_sessions(svc().engine, user.id, now=now(), actor=user.email, action="logout")
     session.clear()
+    flash("You are signed out.", "info")
     return redirect(url_for("auth.login"), code=303)
+
+
+@account_bp.route("/account/password", methods=["GET", "POST"])
+@require_role("viewer")
+def password() -> ResponseReturnValue:
+    """Change your own password; the current one is required. Every other session ends."""
+    user = current_user()
+    assert user is not None
+    if request.method == "GET":
+        return render("auth/password.html", error=None)
+    new = request.form.get("new_password", "")
+    if new != request.form.get("confirm_password", ""):
+        return render("auth/password.html", status=400,
+                      error="The new password and its confirmation differ.")
+    try:
+        generation = change_password(svc().engine, user.id,
+                                     request.form.get("current_password", ""), new, now=now())
+    except UserError as exc:
+        return render("auth/password.html", status=400, error=str(exc))
+    sign_in(user.id, generation)  # this session goes on; every other one has ended
+    flash("Password changed. Every other session of yours has been signed out.", "ok")
+    return redirect(url_for("dashboard.overview"), code=303)

@@ -1,6 +1,8 @@
 """``/metrics`` in the Prometheus text exposition format (version 0.0.4).
 
-Unauthenticated, so it exposes aggregates only: no event, tenant, customer or key. Counters
+With ``METRICS_TOKEN`` set it answers only ``Authorization: Bearer <token>`` (compared in constant
+time; 401 otherwise); unset, it is open and belongs on a private network. Either way it exposes
+aggregates only: no event, tenant, customer or key. Counters
 (`_total`, the latency histogram) come from the rollups plus the few rows past their
 watermark, so they only ever grow (see ``webapp.outbox.rollups``).
 """
@@ -9,10 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from flask import Blueprint, Response
+from flask import Blueprint, Response, request
 
 from ..read.metrics import Metrics
 from ..read.metrics import metrics as read_metrics
+from ..users import same_token
 from .common import now, svc
 
 bp = Blueprint("metrics", __name__)
@@ -22,6 +25,13 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 @bp.get("/metrics")
 def metrics() -> Response:
+    token = svc().settings.metrics_token
+    if token is not None:
+        scheme, _, sent = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not same_token(sent.strip(), token):
+            return Response("401 Unauthorized: /metrics needs Authorization: Bearer "
+                            "<METRICS_TOKEN>\n", status=401, mimetype="text/plain",
+                            headers={"WWW-Authenticate": 'Bearer realm="metrics"'})
     m = read_metrics(svc().engine, now=now())
     body = "".join(_lines(m, svc().settings.stripe_mode))
     return Response(body, content_type=CONTENT_TYPE)

@@ -13,7 +13,18 @@ from functools import wraps
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from flask import Flask, Response, abort, g, redirect, request, session, url_for
+from flask import (
+    Flask,
+    Response,
+    abort,
+    current_app,
+    flash,
+    g,
+    redirect,
+    request,
+    session,
+    url_for,
+)
 
 from ..read.users import signed_in_user
 from ..services import services_of
@@ -26,6 +37,19 @@ PUBLIC = frozenset({"static", "health.healthz", "health.readyz", "metrics.metric
                     "auth.login", "auth.logout", "webhook.receive"})
 #: Endpoints whose POSTs carry Stripe's signature instead of a session's CSRF token.
 SIGNED_BY_STRIPE = frozenset({"webhook.receive"})
+
+#: Endpoints a user who must change their password may still reach.
+PASSWORD_CHANGE_ONLY = frozenset({"static", "account.password", "auth.logout", "auth.login"})
+
+#: Seconds between refreshes of a session's "last seen" time (each one re-sends the cookie).
+SEEN_RESOLUTION = 60
+
+#: Shown when the log-in form comes back without its cookie over plain http.
+INSECURE_TRANSPORT = (
+    "This page was opened over plain http, but the sign-in cookie is set to travel over HTTPS "
+    "only (SESSION_COOKIE_SECURE is on), so the browser did not send it back and you cannot "
+    "sign in. Open the dashboard at its https:// address. On a private test machine only, "
+    "set SESSION_COOKIE_SECURE=false instead.")
 
 # Only our own scripts and styles: no inline script or style anywhere (htmx's own indicator
 # style is turned off in base.html's htmx-config), no framing, no plugins.
@@ -112,30 +136,79 @@ def require_role(role: str) -> Callable[[F], F]:
     return decorate
 
 
-def sign_in(user_id: int) -> None:
-    """Start a fresh session for ``user_id``: nothing from before survives (no fixation)."""
+def sign_in(user_id: int, generation: int) -> None:
+    """Start a fresh session for ``user_id`` under its current session ``generation``: nothing
+    from before survives (no fixation), and moving the generation on ends it."""
+    stamp = int(services_of(current_app).clock().timestamp())
     session.clear()
-    session["uid"] = int(user_id)
-    session["csrf"] = secrets.token_urlsafe(32)
+    session.update(uid=int(user_id), gen=int(generation), iat=stamp, seen=stamp,
+                   csrf=secrets.token_urlsafe(32))
     session.permanent = True
+
+
+def insecure_transport() -> bool:
+    """The cookie needs HTTPS but this request came over plain http."""
+    return bool(current_app.config.get("SESSION_COOKIE_SECURE")) and not request.is_secure
+
+
+def _session_problem(now: float, idle: float, max_age: float) -> str | None:
+    """Why the session cookie may no longer sign anyone in (before asking the database)."""
+    try:
+        issued, seen = float(session["iat"]), float(session["seen"])
+        int(session["uid"]), int(session["gen"])
+    except (KeyError, TypeError, ValueError):
+        return "Please sign in again."  # a cookie from before sessions carried their times
+    if now - issued > max_age:
+        return f"You were signed out: sessions last at most {_hours(max_age)}."
+    if now - seen > idle:
+        return f"You were signed out after {_hours(idle)} without activity."
+    return None
+
+
+def _hours(seconds: float) -> str:
+    if seconds >= 3600 and seconds % 3600 == 0:
+        n = int(seconds // 3600)
+        return f"{n} hour{'s' if n != 1 else ''}"
+    n = max(1, round(seconds / 60))
+    return f"{n} minute{'s' if n != 1 else ''}"
 
 
 def init_app(app: Flask) -> None:
     """Install the user loader, the CSRF check and the security headers."""
 
     @app.before_request
-    def load_user() -> None:
+    def load_user() -> Response | None:
         g.user = None
         if request.endpoint in PUBLIC - {"auth.login", "auth.logout"}:
-            return
-        uid = session.get("uid")
-        if uid is None:
-            return
-        row = signed_in_user(services_of(app).engine, int(uid))
-        if row is None or not row["active"]:
-            session.clear()  # deactivated or deleted: the session ends now
-            return
+            return None
+        if session.get("uid") is None:
+            return None
+        services = services_of(app)
+        settings = services.settings
+        stamp = services.clock().timestamp()
+        problem = _session_problem(stamp, settings.session_idle_seconds,
+                                   settings.session_max_age_seconds)
+        row = None if problem else signed_in_user(services.engine, int(session["uid"]))
+        if problem is None and (row is None or not row["active"]
+                                or int(row["session_generation"]) != int(session["gen"])):
+            # Signed out elsewhere, deactivated, a new password or role: this session ended.
+            problem = "Your session has ended; please sign in again."
+        if problem or row is None:
+            session.clear()
+            if problem and request.endpoint != "auth.logout":
+                flash(problem, "info")
+            return None
         g.user = CurrentUser(row["id"], row["email"], row["role"])
+        if stamp - float(session["seen"]) >= SEEN_RESOLUTION:
+            session["seen"] = int(stamp)
+        if row["must_change_password"] and request.endpoint not in PASSWORD_CHANGE_ONLY:
+            target = url_for("account.password")
+            if is_htmx():
+                resp = Response("", status=401)
+                resp.headers["HX-Redirect"] = target
+                return resp
+            return redirect(target)  # type: ignore[return-value]
+        return None
 
     @app.before_request
     def check_csrf() -> None:
@@ -145,6 +218,8 @@ def init_app(app: Flask) -> None:
             return
         sent = request.headers.get("X-CSRF-Token") or request.form.get("csrf_token")
         if not same_token(sent, session.get("csrf")):
+            if insecure_transport():
+                abort(400, INSECURE_TRANSPORT)
             abort(400, "The form's security token is missing or out of date. "
                        "Reload the page and try again.")
 
@@ -157,6 +232,9 @@ def init_app(app: Flask) -> None:
         h.setdefault("Referrer-Policy", "same-origin")
         h.setdefault("Cross-Origin-Opener-Policy", "same-origin")
         h.setdefault("Permissions-Policy", "camera=(), microphone=(), geolocation=()")
+        if app.config.get("SESSION_COOKIE_SECURE"):
+            # The cookie only travels over HTTPS, so the browser must never try plain http.
+            h.setdefault("Strict-Transport-Security", "max-age=31536000")
         if request.endpoint != "static":
             # Billing data: never kept by a shared cache or the back button of a kiosk.
             h.setdefault("Cache-Control", "no-store")

@@ -15,7 +15,7 @@ from markupsafe import Markup, escape
 from ..config import STRIPE_API_BASE_DEFAULT
 from ..db import reading
 from ..read.counts import sending_state
-from ..users import has_role
+from ..users import MIN_PASSWORD, has_role
 from .common import now, svc
 from .security import csrf_token, current_user
 
@@ -148,7 +148,8 @@ def init_app(app: Flask) -> None:
     app.jinja_env.filters.update(utc=fmt_utc, ago=fmt_age, num=num, pct=pct)
     app.jinja_env.globals.update(when=when, qs=qs, csrf_token=csrf_token, chrome=chrome,
                                  has_role=has_role, escape=escape, tenant_url=tenant_url,
-                                 event_url=event_url, usage_rows=usage_rows)
+                                 event_url=event_url, usage_rows=usage_rows,
+                                 min_password=MIN_PASSWORD)
 
     @app.context_processor
     def inject() -> dict[str, Any]:

@@ -1,4 +1,6 @@
-"""People (admin only): list, create with a role, deactivate and reactivate."""
+"""People (admin only): list, create with a role, change a role, deactivate and reactivate,
+end someone's sessions, reset a password. Each change that alters what a person may do ends
+their sessions at once, and every one is audited."""
 
 from __future__ import annotations
 
@@ -6,7 +8,15 @@ from flask import Blueprint, flash, redirect, request, url_for
 from flask.typing import ResponseReturnValue
 
 from ..read.users import users_list
-from ..users import MIN_PASSWORD, ROLES, create_user, set_active
+from ..users import (
+    MIN_PASSWORD,
+    ROLES,
+    create_user,
+    end_sessions,
+    reset_password,
+    set_active,
+    set_role,
+)
 from .common import now, render, svc
 from .errors import back_to
 from .security import current_user, require_role
@@ -24,8 +34,8 @@ def index() -> ResponseReturnValue:
 @bp.post("/users")
 @require_role("admin")
 def create() -> ResponseReturnValue:
-    """Create a user with a role and an initial password (they should change it… by asking
-    an admin: password changes are a later feature)."""
+    """Create a user with a role and an initial password (they can change it from their
+    account page)."""
     email = request.form.get("email", "").strip()
     role = request.form.get("role", "")
     admin = current_user()
@@ -62,3 +72,59 @@ def _set_active(user_id: int, active: bool) -> ResponseReturnValue:
     email = set_active(svc().engine, user_id, active, now=now(), actor=admin.email)
     flash(f"{email} {'reactivated' if active else 'deactivated'}.", "ok")
     return redirect(url_for("users.index"), code=303)
+
+
+def _admin_other(user_id: int, verb: str) -> str | None:
+    """Why the signed-in admin may not ``verb`` this user from the page (themselves)."""
+    admin = current_user()
+    assert admin is not None
+    back_to(url_for("users.index"))
+    if user_id == admin.id:
+        return f"You cannot {verb} yourself here; use your account page or another admin."
+    return None
+
+
+@bp.post("/users/<int:user_id>/role")
+@require_role("admin")
+def change_role(user_id: int) -> ResponseReturnValue:
+    """Give a user another role; their sessions end so the new role applies at once."""
+    refusal = _admin_other(user_id, "change the role of")
+    if refusal:
+        flash(refusal, "error")
+        return redirect(url_for("users.index"), code=303)
+    admin = current_user()
+    assert admin is not None
+    role = request.form.get("role", "")
+    email = set_role(svc().engine, user_id, role, now=now(), actor=admin.email)
+    flash(f"{email} is now {role}; their sessions have ended.", "ok")
+    return redirect(url_for("users.index"), code=303)
+
+
+@bp.post("/users/<int:user_id>/end-sessions")
+@require_role("admin")
+def end_user_sessions(user_id: int) -> ResponseReturnValue:
+    """Sign a user out everywhere (a lost laptop, a shared screen)."""
+    refusal = _admin_other(user_id, "end the sessions of")
+    if refusal:
+        flash(refusal, "error")
+        return redirect(url_for("users.index"), code=303)
+    admin = current_user()
+    assert admin is not None
+    email = end_sessions(svc().engine, user_id, now=now(), actor=admin.email)
+    flash(f"Every session of {email} has ended.", "ok")
+    return redirect(url_for("users.index"), code=303)
+
+
+@bp.post("/users/<int:user_id>/reset-password")
+@require_role("admin")
+def reset(user_id: int) -> ResponseReturnValue:
+    """A new random password, shown once on this page (never put in a cookie or a log); the
+    user must change it at their next log-in."""
+    refusal = _admin_other(user_id, "reset the password of")
+    if refusal:
+        flash(refusal, "error")
+        return redirect(url_for("users.index"), code=303)
+    admin = current_user()
+    assert admin is not None
+    email, password = reset_password(svc().engine, user_id, now=now(), actor=admin.email)
+    return render("users/reset.html", email=email, password=password)
