@@ -50,7 +50,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
 SHOTS = ROOT / "test-artifacts" / "screenshots"
-PASSWORD = "correct-horse-battery-staple"
+PASSWORD = "amber-falcon-orchard-71"
 ADMIN = "ops-admin@example.com"
 VIEWER = "finance-viewer@example.com"
 OPERATOR = "support-operator@example.com"
@@ -730,3 +730,68 @@ def test_a_viewer_has_no_buttons_and_gets_403_when_posting(chromium: Any,
         viewer.assert_clean()
     finally:
         viewer.close()
+
+
+# -- sign-in hardening: a reset password, its forced change, a lock-out ---------------------------
+
+def test_a_reset_password_is_changed_at_the_next_log_in_and_guessing_locks(
+        chromium: Any, browser_stack: Stack) -> None:
+    from playwright.sync_api import expect
+
+    stack = browser_stack
+    person = "new-hire@example.com"
+    create_user(stack.engine, person, PASSWORD, "viewer", now=utcnow())
+    boss = Visitor(chromium, stack)
+    newbie = Visitor(chromium, stack)
+    guesser = Visitor(chromium, stack)
+    try:
+        boss.login(ADMIN)
+        boss.goto("/users")
+        row = boss.page.locator(f'tr[data-email="{person}"]')
+        expect(row.get_by_role("button", name="Reset password")).to_be_visible()
+        boss.shot("27-users-actions")
+        with boss.page.expect_navigation():
+            row.get_by_role("button", name="Reset password").click()
+        assert boss.dialogs[-1].startswith(f"Reset the password of {person}?")
+        temporary = boss.page.locator("#temporary-password").inner_text().strip()
+        assert len(temporary) >= 12
+        boss.shot("28-password-reset-shown-once")
+
+        page = newbie.page
+        newbie.goto("/")
+        page.get_by_label("Email").fill(person)
+        page.get_by_label("Password").fill(temporary)
+        with page.expect_navigation():
+            page.get_by_role("button", name="Log in").click()
+        assert page.url.endswith("/account/password"), page.url
+        newbie.goto("/dead-letters")                  # every page leads back here
+        assert page.url.endswith("/account/password"), page.url
+        expect(page.locator("#password-forced")).to_contain_text("administrator reset")
+        expect(page.get_by_role("link", name="Dead letters")).to_have_count(0)
+        newbie.shot("29-must-change-password")
+        page.get_by_label("Current password").fill(temporary)
+        page.get_by_label("New password", exact=True).fill("violet-tractor-lemonade-42")
+        page.get_by_label("New password again").fill("violet-tractor-lemonade-42")
+        with page.expect_navigation():
+            page.get_by_role("button", name="Change password").click()
+        expect(page.locator(".flash-ok")).to_contain_text("Password changed")
+        assert page.locator(".who .email").inner_text() == person
+        newbie.assert_clean()
+
+        # Five wrong guesses lock the account; the page says for how long.
+        guesser.allowed_statuses.update({("/login", 401), ("/login", 429)})
+        gp = guesser.page
+        guesser.goto("/login")
+        for i in range(5):
+            gp.get_by_label("Email").fill(person)
+            gp.get_by_label("Password").fill(f"guess-number-{i}")
+            with gp.expect_navigation():
+                gp.get_by_role("button", name="Log in").click()
+        expect(gp.locator(".flash-error")).to_contain_text("Try again in 15 minutes")
+        guesser.shot("30-login-locked")
+        guesser.assert_clean()
+        boss.assert_clean()
+    finally:
+        boss.close()
+        newbie.close()
+        guesser.close()

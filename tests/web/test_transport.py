@@ -15,6 +15,7 @@ from webapp.outbox.operations import pause, set_tenant
 
 from .conftest import CSRF_RE
 
+PLAIN = "http://billing.example.com"
 TOKEN = "prometheus-scrape-token-0123456789"
 HEADERS = {
     "Content-Security-Policy": "frame-ancestors 'none'",
@@ -32,22 +33,24 @@ def make_app(db_url, engine, **settings) -> Flask:
 
 def test_secure_cookie_over_plain_http_is_explained(db_url, engine, users) -> None:
     app = make_app(db_url, engine, secure=True)
-    client = app.test_client()                         # http://localhost
-    page = client.get("/login")
+    client = app.test_client()
+    page = client.get("/login", base_url=PLAIN)
     html = page.get_data(as_text=True)
     assert "plain http" in html and "SESSION_COOKIE_SECURE" in html
     assert page.headers["Strict-Transport-Security"].startswith("max-age=")
     # The browser drops the Secure cookie over http, so the post arrives without a session.
     token = CSRF_RE.search(html).group(1)
-    client.delete_cookie("session")
-    resp = client.post("/login", data={"email": users["viewer"], "password": "x" * 12,
-                                       "csrf_token": token})
+    resp = app.test_client().post("/login", base_url=PLAIN, data={
+        "email": users["viewer"], "password": "x" * 12, "csrf_token": token})
     body = resp.get_data(as_text=True)
     assert resp.status_code == 400
     assert "SESSION_COOKIE_SECURE" in body and "security token" not in body
 
-    https = app.test_client().get("/login", base_url="https://localhost")
+    https = app.test_client().get("/login", base_url="https://billing.example.com")
     assert "plain http" not in https.get_data(as_text=True)
+    # Browsers keep Secure cookies for localhost: no warning there.
+    local = app.test_client().get("/login", base_url="http://127.0.0.1:8000")
+    assert "plain http" not in local.get_data(as_text=True)
 
 
 def test_no_hsts_without_secure_cookies(db_url, engine) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from datetime import datetime
 
-from flask import Blueprint, Response, flash, redirect, request, session, url_for
+from flask import Blueprint, Response, flash, g, redirect, request, session, url_for
 from flask.typing import ResponseReturnValue
 
 from .. import login_throttle as throttle
@@ -77,7 +77,6 @@ def login() -> ResponseReturnValue:
     record_login(engine, user.id, now=when)
     sign_in(user.id, user.session_generation)
     if user.must_change_password:
-        flash("An administrator reset your password. Choose a new one to continue.", "info")
         return redirect(url_for("account.password"), code=303)
     return redirect(target, code=303)
 
@@ -111,16 +110,21 @@ def password() -> ResponseReturnValue:
     user = current_user()
     assert user is not None
     if request.method == "GET":
-        return render("auth/password.html", error=None)
+        return render("auth/password.html", error=None, forced=_forced())
     new = request.form.get("new_password", "")
     if new != request.form.get("confirm_password", ""):
-        return render("auth/password.html", status=400,
+        return render("auth/password.html", status=400, forced=_forced(),
                       error="The new password and its confirmation differ.")
     try:
         generation = change_password(svc().engine, user.id,
                                      request.form.get("current_password", ""), new, now=now())
     except UserError as exc:
-        return render("auth/password.html", status=400, error=str(exc))
+        return render("auth/password.html", status=400, error=str(exc), forced=_forced())
     sign_in(user.id, generation)  # this session goes on; every other one has ended
     flash("Password changed. Every other session of yours has been signed out.", "ok")
     return redirect(url_for("dashboard.overview"), code=303)
+
+
+def _forced() -> bool:
+    """The signed-in person must change their password before anything else."""
+    return bool(g.get("must_change_password"))

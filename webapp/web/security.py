@@ -44,6 +44,8 @@ PASSWORD_CHANGE_ONLY = frozenset({"static", "account.password", "auth.logout", "
 #: Seconds between refreshes of a session's "last seen" time (each one re-sends the cookie).
 SEEN_RESOLUTION = 60
 
+LOOPBACK = frozenset({"localhost", "127.0.0.1", "[::1]"})
+
 #: Shown when the log-in form comes back without its cookie over plain http.
 INSECURE_TRANSPORT = (
     "This page was opened over plain http, but the sign-in cookie is set to travel over HTTPS "
@@ -147,8 +149,11 @@ def sign_in(user_id: int, generation: int) -> None:
 
 
 def insecure_transport() -> bool:
-    """The cookie needs HTTPS but this request came over plain http."""
-    return bool(current_app.config.get("SESSION_COOKIE_SECURE")) and not request.is_secure
+    """The cookie needs HTTPS but this request came over plain http (browsers keep Secure
+    cookies for localhost, so loopback addresses are fine)."""
+    host = request.host.rsplit(":", 1)[0] if not request.host.endswith("]") else request.host
+    return (bool(current_app.config.get("SESSION_COOKIE_SECURE")) and not request.is_secure
+            and host not in LOOPBACK)
 
 
 def _session_problem(now: float, idle: float, max_age: float) -> str | None:
@@ -199,6 +204,7 @@ def init_app(app: Flask) -> None:
                 flash(problem, "info")
             return None
         g.user = CurrentUser(row["id"], row["email"], row["role"])
+        g.must_change_password = bool(row["must_change_password"])
         if stamp - float(session["seen"]) >= SEEN_RESOLUTION:
             session["seen"] = int(stamp)
         if row["must_change_password"] and request.endpoint not in PASSWORD_CHANGE_ONLY:
