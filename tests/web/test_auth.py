@@ -73,7 +73,8 @@ def test_wrong_password_or_unknown_email(client_as, users) -> None:
 
 
 def test_open_redirects_are_refused(client_as, users) -> None:
-    for target in ("//evil.example/x", "https://evil.example/", "/\\evil.example", "javascript:x"):
+    for target in ("//evil.example/x", "https://evil.example/", "/\\evil.example", "javascript:x",
+                   "/\t/evil.example", "/\n/evil.example", " //evil.example"):
         client = client_as(None)
         page = client.get("/login")
         token = CSRF_RE.search(page.get_data(as_text=True)).group(1)

@@ -92,6 +92,9 @@ def safe_next(target: str | None, default: str) -> str:
     """``target`` if it is a path on this site, else ``default`` (no open redirects)."""
     if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
         return default
+    # Browsers drop tabs and newlines from URLs ("/\t/evil.example" becomes "//evil.example").
+    if len(target) > 2000 or any(ch.isspace() or not ch.isprintable() for ch in target):
+        return default
     parts = urlsplit(target)
     if parts.scheme or parts.netloc:
         return default
