@@ -192,6 +192,15 @@ def reset_password(engine: Engine, user_id: int, *, now: datetime, actor: str) -
     return email, password
 
 
+def user_id_by_email(engine: Engine, email: str) -> int:
+    """The id of the user with this email; ``UserError`` if there is none."""
+    with engine.connect() as conn:
+        found = conn.execute(select(User.id).where(User.email == email.strip().lower())).scalar()
+    if found is None:
+        raise UserError(f"no user {email.strip().lower()}")
+    return int(found)
+
+
 def record_login(engine: Engine, user_id: int, *, now: datetime) -> None:
     """Remember when a user last signed in (shown on the users page)."""
     with engine.begin() as conn:

@@ -207,6 +207,70 @@ def users_create(email: str, role: str, password_stdin: bool) -> None:
     click.echo(f"created {email.strip().lower()} ({role})")
 
 
+@users.command("set-role")
+@click.argument("email")
+@click.option("--role", required=True, type=click.Choice(["viewer", "operator", "admin"]))
+def users_set_role(email: str, role: str) -> None:
+    """Give a user another role; their sessions end."""
+    from ..users import set_role, user_id_by_email
+
+    engine = _svc().engine
+    done = set_role(engine, user_id_by_email(engine, email), role, now=_svc().clock(),
+                    actor=actor())
+    click.echo(f"{done} is now {role}; their sessions have ended")
+
+
+@users.command("deactivate")
+@click.argument("email")
+def users_deactivate(email: str) -> None:
+    """Deactivate a user; their sessions end at once."""
+    _set_active(email, False)
+
+
+@users.command("activate")
+@click.argument("email")
+def users_activate(email: str) -> None:
+    """Reactivate a user (they sign in anew)."""
+    _set_active(email, True)
+
+
+def _set_active(email: str, active: bool) -> None:
+    from ..users import set_active, user_id_by_email
+
+    engine = _svc().engine
+    done = set_active(engine, user_id_by_email(engine, email), active, now=_svc().clock(),
+                      actor=actor())
+    click.echo(f"{done} {'reactivated' if active else 'deactivated'}")
+
+
+@users.command("end-sessions")
+@click.argument("email")
+def users_end_sessions(email: str) -> None:
+    """Sign a user out on every device."""
+    from ..users import end_sessions, user_id_by_email
+
+    engine = _svc().engine
+    done = end_sessions(engine, user_id_by_email(engine, email), now=_svc().clock(),
+                        actor=actor())
+    click.echo(f"every session of {done} has ended")
+
+
+@users.command("reset-password")
+@click.argument("email")
+def users_reset_password(email: str) -> None:
+    """A new random password, printed once; the user must change it at their next log-in.
+    Also lifts a log-in lock on the account (the way back in for a locked-out admin)."""
+    from .. import login_throttle
+    from ..users import reset_password, user_id_by_email
+
+    engine = _svc().engine
+    done, password = reset_password(engine, user_id_by_email(engine, email),
+                                    now=_svc().clock(), actor=actor())
+    with engine.begin() as conn:
+        login_throttle.clear(conn, login_throttle.account_key(done))
+    click.echo(f"temporary password for {done} (shown once; they must change it): {password}")
+
+
 @click.command("enqueue")
 @click.option("--tenant", required=True)
 @click.option("--quantity", required=True, type=int)
