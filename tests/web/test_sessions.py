@@ -188,6 +188,24 @@ def test_an_idle_session_ends_and_says_why(app, client_as) -> None:
     assert "signed out after 1 hour without activity" in resp.get_data(as_text=True)
 
 
+def test_a_page_polling_itself_does_not_keep_an_idle_session_alive(app, client_as) -> None:
+    client = client_as("viewer")
+    poll = {"HX-Request": "true", "HX-Trigger": "overview-live",
+            "HX-Current-URL": "http://localhost/"}
+    for minutes in range(5, 60, 5):
+        advance(app, timedelta(minutes=minutes))
+        assert client.get("/", headers=poll).status_code == 200
+    advance(app, timedelta(minutes=61))
+    ended = client.get("/", headers=poll)
+    assert ended.status_code == 401 and ended.headers["HX-Redirect"].startswith("/login")
+    # A person clicking, even inside the live panel, is activity.
+    other = client_as("viewer")
+    click = {"HX-Request": "true", "HX-Trigger": "pause-form"}
+    for minutes in range(50, 200, 50):
+        advance(app, timedelta(minutes=minutes))
+        assert other.get("/", headers=click).status_code == 200
+
+
 def test_a_session_ends_at_its_absolute_lifetime_however_busy(app, client_as) -> None:
     client = client_as("viewer")
     for minutes in range(50, 12 * 60, 50):        # a request every 50 minutes

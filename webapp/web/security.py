@@ -88,6 +88,12 @@ def is_htmx() -> bool:
     return request.headers.get("HX-Request") == "true"
 
 
+def is_background_poll() -> bool:
+    """A page refreshing itself (an htmx poll from an element whose id ends in ``-live``), not
+    a person: it does not keep an idle session alive, so a laptop left open still signs out."""
+    return is_htmx() and request.headers.get("HX-Trigger", "").endswith("-live")
+
+
 def safe_next(target: str | None, default: str) -> str:
     """``target`` if it is a path on this site, else ``default`` (no open redirects)."""
     if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
@@ -208,7 +214,7 @@ def init_app(app: Flask) -> None:
             return None
         g.user = CurrentUser(row["id"], row["email"], row["role"])
         g.must_change_password = bool(row["must_change_password"])
-        if stamp - float(session["seen"]) >= SEEN_RESOLUTION:
+        if stamp - float(session["seen"]) >= SEEN_RESOLUTION and not is_background_poll():
             session["seen"] = int(stamp)
         if row["must_change_password"] and request.endpoint not in PASSWORD_CHANGE_ONLY:
             target = url_for("account.password")
