@@ -209,12 +209,12 @@ def _meter(m: dict[str, Any]) -> MeterInfo:
     mapping = m.get("customer_mapping") or {}
     value = m.get("value_settings") or {}
     aggregation = m.get("default_aggregation") or {}
-    return MeterInfo(event_name=str(m.get("event_name") or ""), meter_id=m.get("id"),
+    return MeterInfo(event_name=str(m.get("event_name") or ""), meter_id=_text(m.get("id")),
                      status=str(m.get("status") or "inactive"),
                      customer_key=str(mapping.get("event_payload_key") or DEFAULT_CUSTOMER_KEY),
                      value_key=str(value.get("event_payload_key") or DEFAULT_VALUE_KEY),
                      formula=str(aggregation.get("formula") or "sum"),
-                     display_name=m.get("display_name"))
+                     display_name=_text(m.get("display_name")))
 
 
 def report_from(event: dict[str, Any]) -> StripeReport:
@@ -227,15 +227,25 @@ def report_from(event: dict[str, Any]) -> StripeReport:
     for error_type in reason.get("error_types") or []:
         for sample in error_type.get("sample_errors") or []:
             request = sample.get("request") or {}
-            samples.append(ErrorSample(code=error_type.get("code"),
-                                       message=sample.get("error_message"),
-                                       identifier=request.get("identifier")))
+            samples.append(ErrorSample(code=_text(error_type.get("code")),
+                                       message=_text(sample.get("error_message")),
+                                       identifier=_text(request.get("identifier"))))
+    try:
+        error_count = int(reason.get("error_count") or 0)
+    except (TypeError, ValueError, OverflowError):
+        error_count = 0
+    # Lengths are the store's business (``webapp.models.limits``): texts come out whole.
     return StripeReport(
         id=str(event["id"]), type=str(event.get("type") or ""),
-        created=_parse_time(event.get("created")), meter_id=related.get("id"),
-        error_count=int(reason.get("error_count") or 0),
-        summary=data.get("developer_message_summary"), samples=tuple(samples),
-        body=json.dumps(event, default=str)[:65536])
+        created=_parse_time(event.get("created")),
+        meter_id=_text(related.get("id")), error_count=error_count,
+        summary=_text(data.get("developer_message_summary")), samples=tuple(samples),
+        body=json.dumps(event, default=str))
+
+
+def _text(value: Any) -> str | None:
+    """A text field of Stripe's as text (None stays None, anything else its ``str``)."""
+    return None if value is None else str(value)
 
 
 def _parse_time(value: Any) -> datetime:
