@@ -306,3 +306,23 @@ def test_a_run_full_of_poisoned_errors_is_stored_as_a_list_that_parses(
     assert int(errors[-1].split()[2]) == 40 - (len(errors) - 1)
     assert all(EXPECTED_MESSAGE in e and len(e) <= 500 for e in errors[:-1])
     assert stored.actor == "a" * 255
+
+
+def test_a_summary_that_is_no_number_is_an_error_of_the_run_not_a_crash(
+        engine: Engine, fake: FakeStripe, settings: Any, seed: Any) -> None:
+    now = utcnow()
+    at = now - timedelta(days=2)
+    for customer in ("cus_nan", "cus_fine"):
+        seed.event(status="sent", stripe_customer_id=customer, occurred_at=at, now=at)
+        fake.add_usage(customer, "api_requests", int(at.timestamp()),
+                       float("nan") if customer == "cus_nan" else 1.0)
+    gateway = gateway_from(settings)
+    assert gateway is not None
+    MeterRefresher(engine, gateway).run_once()
+    try:
+        run = reconcile(engine, gateway, settings, trigger="cli", now=now + timedelta(hours=2))
+    finally:
+        gateway.close()
+    assert [e for e in run.errors if "cus_nan" in e and "MalformedAnswer" in e]
+    assert len(run.errors) == 1 and run.id is not None
+    assert run.comparison.checked == 1 and not run.comparison.mismatches   # cus_fine: 1 = 1

@@ -5,6 +5,7 @@ summaries; cancel a meter event. Only this package imports ``stripe``."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -176,16 +177,19 @@ class StripeGateway:
         params = {"customer": customer, "start_time": int(start.timestamp()),
                   "end_time": int(end.timestamp()), "value_grouping_window": grouping,
                   "limit": 100}
+        what = f"reading the summaries of {customer} on {meter_id}"
         try:
             page = self._client.v1.billing.meters.event_summaries.list(
                 meter_id, params=params)  # type: ignore[arg-type]
-            return [SummaryItem(datetime.fromtimestamp(int(s.start_time), UTC),
-                                datetime.fromtimestamp(int(s.end_time), UTC),
-                                float(s.aggregated_value))
-                    for s in page.auto_paging_iter()]
+            return [_summary(s) for s in page.auto_paging_iter()]
         except stripe.StripeError as exc:
-            raise StripeCallFailed(f"reading the summaries of {customer} on {meter_id}",
-                                   classify_error(exc)) from exc
+            raise StripeCallFailed(what, classify_error(exc)) from exc
+        except (AttributeError, TypeError, ValueError, OverflowError) as exc:
+            # An item that is not a summary (a value that is no finite number, a missing
+            # time): that pair cannot be compared; the run goes on and says so.
+            raise StripeCallFailed(what, CallResult(
+                Outcome.PERMANENT, error_class="MalformedAnswer",
+                message=f"an item could not be read: {exc}")) from exc
 
     def cancel_meter_event(self, event_name: str, identifier: str) -> CallResult:
         """``POST /v1/billing/meter_event_adjustments`` (``type=cancel``): Stripe takes it
@@ -203,6 +207,14 @@ class StripeGateway:
 
     def close(self) -> None:
         self._http.close()
+
+
+def _summary(s: Any) -> SummaryItem:
+    value = float(s.aggregated_value)
+    if not math.isfinite(value):
+        raise ValueError(f"aggregated_value {value!r} is not a finite number")
+    return SummaryItem(datetime.fromtimestamp(int(s.start_time), UTC),
+                       datetime.fromtimestamp(int(s.end_time), UTC), value)
 
 
 def _meter(m: dict[str, Any]) -> MeterInfo:
