@@ -5,6 +5,7 @@
 """
 
 from .base import NAMING, Base, BigID, UTCDateTime, utcnow
+from .limits import TEXT_LIMIT, clean, fit, fit_json_list, fit_key, fits, limit_of
 from .outbox import (
     IN_FLIGHT_SQL,
     WAITING_IDLE_SQL,
@@ -31,5 +32,6 @@ __all__ = [
     "Base", "BigID", "Control", "DeliveryAttempt", "LoginThrottle", "OutboxEvent",
     "ReconciliationMismatch",
     "ReconciliationRun", "RollupState", "SentUsageRollup", "StripeErrorSample", "StripeEvent",
-    "StripeMeter", "SyncState", "Tenant", "UTCDateTime", "User", "utcnow",
+    "StripeMeter", "SyncState", "TEXT_LIMIT", "Tenant", "UTCDateTime", "User", "clean", "fit",
+    "fit_json_list", "fit_key", "fits", "limit_of", "utcnow",
 ]

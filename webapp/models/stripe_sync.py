@@ -63,7 +63,8 @@ class StripeEvent(Base):
     rejected: Mapped[int] = mapped_column(Integer, default=0)
     unmatched: Mapped[int] = mapped_column(Integer, default=0)
     summary: Mapped[str | None] = mapped_column(Text)
-    body: Mapped[str | None] = mapped_column(Text)
+    #: The whole event as JSON, kept for the record (``webapp.models.limits``: what is kept).
+    body: Mapped[str | None] = mapped_column(Text, info={"max_chars": 65536})
 
 
 class StripeErrorSample(Base):
@@ -108,8 +109,9 @@ class ReconciliationRun(Base):
     mismatches: Mapped[int] = mapped_column(Integer, default=0)
     calls: Mapped[int] = mapped_column(Integer, default=0)
     ok: Mapped[bool] = mapped_column(Boolean, default=False)
-    errors: Mapped[str | None] = mapped_column(Text)   # JSON list of text
-    notes: Mapped[str | None] = mapped_column(Text)    # JSON list of text (skipped meters…)
+    # JSON lists of text (``webapp.models.limits.fit_json_list``: how much is kept).
+    errors: Mapped[str | None] = mapped_column(Text, info={"max_chars": 20000})
+    notes: Mapped[str | None] = mapped_column(Text, info={"max_chars": 20000})  # skipped meters…
 
 
 class ReconciliationMismatch(Base):

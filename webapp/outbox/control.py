@@ -11,6 +11,7 @@ from datetime import datetime
 from sqlalchemy import Connection, Engine, select
 from sqlalchemy import update as sa_update
 
+from ..models import fit
 from .sql import CONTROL, as_utc, insert_for
 
 SENDING = "sending"
@@ -44,6 +45,9 @@ def set_paused(engine: Engine, *, paused: bool, reason: str | None, kind: str, b
     """Pause or resume sending. ``only_kind``: change it only if the current pause is of that
     kind (a probe resumes a systemic pause, never a person's). A systemic cause never replaces
     a person's pause. Returns whether it changed."""
+    # A systemic reason quotes Stripe's answer: cut to its column, it can always be stored
+    # (and compares equal to what is stored).
+    reason = fit(CONTROL.c.reason, reason)
     with engine.begin() as conn:
         # Several lanes (threads, processes) can meet the same 401 at once: make sure the row
         # exists, then lock it, so concurrent callers queue here instead of racing to INSERT
@@ -59,6 +63,7 @@ def set_paused(engine: Engine, *, paused: bool, reason: str | None, kind: str, b
         if paused and current.paused and current.kind == OPERATOR and kind != OPERATOR:
             return False
         values = dict(paused=paused, reason=reason if paused else None,
-                      kind=kind if paused else None, changed_at=now, changed_by=by)
+                      kind=kind if paused else None, changed_at=now,
+                      changed_by=fit(CONTROL.c.changed_by, by))
         conn.execute(sa_update(CONTROL).where(CONTROL.c.name == SENDING).values(**values))
         return True

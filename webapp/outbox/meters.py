@@ -9,14 +9,19 @@ every event later).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from sqlalchemy import Connection, Engine, select, true
 from sqlalchemy import update as sa_update
 
+from ..models import clean, fit, fits, limit_of
 from .sql import STRIPE_METERS, insert_for
+
+log = logging.getLogger(__name__)
+M = STRIPE_METERS.c
 
 ACTIVE = "active"
 INACTIVE = "inactive"
@@ -45,26 +50,75 @@ class MeterInfo:
         return self.status == ACTIVE
 
 
-def store_meters(engine: Engine, meters: Iterable[MeterInfo], *, now: datetime) -> int:
+@dataclass
+class StoredMeters:
+    """What storing a listing did: how many meters are active, and the meters refused (one
+    line each, for a person)."""
+
+    active: int = 0
+    refused: list[str] = field(default_factory=list)
+
+
+def refusal(m: MeterInfo) -> str | None:
+    """Why a listed meter cannot be stored as Stripe listed it, or None.
+
+    Its event name, id and payload keys are used as they are (to match events, to read its
+    summaries, to build each event's payload): cut, they would name another meter or send
+    events with the wrong keys, which Stripe accepts and rejects later. Such a meter is
+    refused rather than cut: its events wait, visibly, as for a meter Stripe does not list.
+    Its display name, status and formula are only shown or compared, and are cut instead.
+    """
+    for column, what, value in ((M.event_name, "event name", m.event_name),
+                                (M.meter_id, "id", m.meter_id),
+                                (M.customer_key, "customer payload key", m.customer_key),
+                                (M.value_key, "value payload key", m.value_key)):
+        if value is not None and not fits(column, value):
+            return (f"meter {_shown(m.event_name)} ({_shown(m.meter_id)}): its {what} is "
+                    f"{len(value)} characters long (at most {limit_of(column)} are kept "
+                    "here) or holds a character no database stores")
+    if not m.event_name:
+        return f"meter {_shown(m.meter_id)}: no event name"
+    return None
+
+
+def _shown(value: str | None) -> str:
+    """A value of Stripe's, short enough for a log line."""
+    if value is None:
+        return "None"
+    return repr(clean(value[:60]) + ("…" if len(value) > 60 else ""))
+
+
+def store_meters(engine: Engine, meters: Iterable[MeterInfo], *, now: datetime
+                 ) -> StoredMeters:
     """Replace what is known of Stripe's meters with a complete listing: each listed meter is
     written as listed; a known event name no longer listed becomes ``missing``. When Stripe
-    lists two meters for one event name, an active one wins. Returns how many are active."""
+    lists two meters for one event name, an active one wins. A meter that cannot be stored
+    as listed (:func:`refusal`) is left out, logged and named in the result; the others are
+    stored all the same."""
+    out = StoredMeters()
     by_name: dict[str, MeterInfo] = {}
     for m in meters:
-        if m.event_name not in by_name or (m.active and not by_name[m.event_name].active):
+        why = refusal(m)
+        if why is not None:
+            log.error("Stripe's meter refused, its events wait: %s", why)
+            out.refused.append(why)
+        elif m.event_name not in by_name or (m.active and not by_name[m.event_name].active):
             by_name[m.event_name] = m
     with engine.begin() as conn:
         for m in by_name.values():
-            values = dict(meter_id=m.meter_id, display_name=m.display_name, status=m.status,
-                          customer_key=m.customer_key, value_key=m.value_key,
-                          formula=m.formula, seen_at=now, updated_at=now)
+            values = dict(meter_id=m.meter_id,
+                          display_name=fit(M.display_name, m.display_name),
+                          status=fit(M.status, m.status), customer_key=m.customer_key,
+                          value_key=m.value_key, formula=fit(M.formula, m.formula),
+                          seen_at=now, updated_at=now)
             ins = insert_for(conn, STRIPE_METERS)
             conn.execute(ins.values(event_name=m.event_name, **values).on_conflict_do_update(
                 index_elements=[STRIPE_METERS.c.event_name], set_=values))
         gone = STRIPE_METERS.c.event_name.not_in(list(by_name)) if by_name else true()
         conn.execute(sa_update(STRIPE_METERS).where(gone, STRIPE_METERS.c.status != MISSING)
                      .values(status=MISSING, updated_at=now))
-    return sum(1 for m in by_name.values() if m.active)
+    out.active = sum(1 for m in by_name.values() if m.active)
+    return out
 
 
 def mark_missing(engine: Engine, event_name: str, *, now: datetime) -> bool:

@@ -17,6 +17,7 @@ from sqlalchemy import update as sa_update
 
 from ..audit import write_audit
 from ..db import reading as reading_conn
+from ..models import fit, fits, limit_of
 from .control import OPERATOR, set_paused
 from .rollups import lock_sent_mark, unfold_sent
 from .sql import SENT_AS, TENANTS, T, as_utc, id_in
@@ -64,12 +65,19 @@ def set_tenant(engine: Engine, tenant_id: str, *, stripe_customer_id: str | None
     Events already attempted keep the customer fixed at their first attempt.
 
     Raises :class:`OperationError` for a tenant id that is not 1–100 printable characters or
-    a customer id that does not start with ``cus_``.
+    a customer id that does not start with ``cus_`` or is longer than its column. A name
+    longer than its column is cut.
     """
     if not tenant_id or len(tenant_id) > 100 or not tenant_id.isprintable():
         raise OperationError("tenant id must be 1–100 printable characters")
     if stripe_customer_id is not None and not stripe_customer_id.startswith("cus_"):
         raise OperationError(f"Stripe customer ids start with cus_, got {stripe_customer_id!r}")
+    if stripe_customer_id is not None and not fits(TENANTS.c.stripe_customer_id,
+                                                   stripe_customer_id):
+        # Never cut: a cut id would bill another customer, or none.
+        raise OperationError(f"a Stripe customer id is at most "
+                             f"{limit_of(TENANTS.c.stripe_customer_id)} printable characters")
+    name = fit(TENANTS.c.name, name)
     with engine.begin() as conn:
         current = conn.execute(select(TENANTS.c.tenant_id)
                                .where(TENANTS.c.tenant_id == tenant_id)).first()

@@ -11,7 +11,6 @@ retrying after a call that may have landed). The calls to Stripe are
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -19,6 +18,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, case, func, insert, literal, or_, select
 
+from ..models import fit, fit_json_list
 from .sql import RECON_MISMATCHES, RECON_RUNS, T, as_utc, epoch_bucket, int_sum, status_is
 from .states import MAX_AGE, Status
 
@@ -215,19 +215,24 @@ class RunRecord:
 
 
 def store_run(engine: Engine, run: RunRecord) -> int:
-    """Keep a finished run and its mismatches; the run's id."""
+    """Keep a finished run and its mismatches; the run's id. Its errors quote Stripe's
+    answers: they are kept as a JSON list cut to its column (``fit_json_list``), so storing a
+    run never fails on them."""
     c = run.comparison
+    R, X = RECON_RUNS.c, RECON_MISMATCHES.c  # noqa: N806 - table columns
     with engine.begin() as conn:
         run_id = int(conn.execute(insert(RECON_RUNS).values(
             started_at=run.started_at, finished_at=run.finished_at, since=run.since,
-            until=run.until, tenant_id=run.tenant_id, trigger=run.trigger, actor=run.actor,
-            buckets_checked=c.checked, pending=c.pending, mismatches=len(c.mismatches),
-            calls=run.calls, ok=run.ok, errors=json.dumps(run.errors),
-            notes=json.dumps(run.notes)).returning(RECON_RUNS.c.id)).scalar_one())
+            until=run.until, tenant_id=fit(R.tenant_id, run.tenant_id), trigger=run.trigger,
+            actor=fit(R.actor, run.actor), buckets_checked=c.checked, pending=c.pending,
+            mismatches=len(c.mismatches), calls=run.calls, ok=run.ok,
+            errors=fit_json_list(R.errors, run.errors),
+            notes=fit_json_list(R.notes, run.notes)).returning(R.id)).scalar_one())
         if c.mismatches:
             conn.execute(insert(RECON_MISMATCHES), [dict(
-                run_id=run_id, tenant_id=m.tenant_id[:400],
-                stripe_customer_id=m.stripe_customer_id, meter=m.meter, formula=m.formula,
+                run_id=run_id, tenant_id=fit(X.tenant_id, m.tenant_id),
+                stripe_customer_id=fit(X.stripe_customer_id, m.stripe_customer_id),
+                meter=fit(X.meter, m.meter), formula=fit(X.formula, m.formula),
                 start=m.start, end=m.end, local_units=m.local_units,
                 stripe_units=m.stripe_units, difference=m.difference) for m in c.mismatches])
     run.id = run_id

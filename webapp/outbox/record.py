@@ -12,6 +12,7 @@ from typing import NamedTuple
 from sqlalchemy import Connection, Engine, insert
 from sqlalchemy import update as sa_update
 
+from ..models import fit
 from .claims import Claim, ClaimedEvent, held, release_claimed
 from .sql import ATTEMPTS, T
 from .states import (
@@ -85,8 +86,9 @@ def record_outcomes(engine: Engine, claim: Claim, attempts: Sequence[AttemptReco
         for event_id, reason in dead_without_call:
             done = conn.execute(
                 sa_update(T).where(T.c.id == event_id, T.c.claim_token == claim.token)
-                .values(status=Status.DEAD.value, dead_reason=reason, dead_at=now,
-                        updated_at=now, claim_token=None, processing_deadline_at=None))
+                .values(status=Status.DEAD.value, dead_reason=fit(T.c.dead_reason, reason),
+                        dead_at=now, updated_at=now, claim_token=None,
+                        processing_deadline_at=None))
             summary.dead += done.rowcount
         release = list(release_ids) + [a.event.id for a in attempts
                                         if a.result.outcome in RELEASING]
@@ -119,21 +121,27 @@ def _mark_sent(conn: Connection, claim: Claim, ids: list[int], now: datetime) ->
 def _apply_transition(conn: Connection, claim: Claim, a: AttemptRecord, tr: Transition,
                       now: datetime) -> bool:
     r = a.result
+    # What Stripe answered is cut to its columns (``fit``): recording an outcome must never
+    # fail on Stripe's data, or the event would stay in flight and be sent again and again.
     values = dict(status=tr.status, attempt_count=tr.attempt_count, call_count=tr.call_count,
                   key_generation=tr.key_generation, first_unknown_at=tr.first_unknown_at,
                   claim_token=None, processing_deadline_at=None, updated_at=now,
-                  last_outcome=r.outcome.value, last_error_class=r.error_class,
-                  last_error_code=r.error_code, last_http_status=r.http_status,
-                  last_error_message=r.message, last_request_id=r.request_id)
+                  last_outcome=r.outcome.value,
+                  last_error_class=fit(T.c.last_error_class, r.error_class),
+                  last_error_code=fit(T.c.last_error_code, r.error_code),
+                  last_http_status=fit(T.c.last_http_status, r.http_status),
+                  last_error_message=fit(T.c.last_error_message, r.message),
+                  last_request_id=fit(T.c.last_request_id, r.request_id))
     if tr.next_attempt_at is not None:
         values["next_attempt_at"] = tr.next_attempt_at
     if tr.status == Status.DEAD.value:
-        values.update(dead_reason=tr.dead_reason, dead_at=now)
+        values.update(dead_reason=fit(T.c.dead_reason, tr.dead_reason), dead_at=now)
     done = conn.execute(sa_update(T).where(T.c.id == a.event.id,
                                            T.c.claim_token == claim.token).values(**values))
     return done.rowcount == 1
 
 
+A = ATTEMPTS.c
 _ATTEMPT_COLUMNS = ("event_id", "attempted_at", "duration_ms", "worker", "claim_token",
                     "idempotency_key", "outcome", "counted", "http_status", "stripe_request_id",
                     "error_class", "error_code", "error_message", "applied")
@@ -165,5 +173,6 @@ def _attempt_row(claim: Claim, a: AttemptRecord, applied: bool) -> tuple[object,
     ev, r = a.event, a.result
     return (ev.id, a.attempted_at, a.duration_ms, claim.worker, claim.token,
             idempotency_key(ev.identifier, ev.key_generation), r.outcome.value,
-            r.outcome in COUNTED, r.http_status, r.request_id, r.error_class, r.error_code,
-            r.message, applied)
+            r.outcome in COUNTED, fit(A.http_status, r.http_status),
+            fit(A.stripe_request_id, r.request_id), fit(A.error_class, r.error_class),
+            fit(A.error_code, r.error_code), fit(A.error_message, r.message), applied)

@@ -13,13 +13,14 @@ ours are kept and shown, never dropped.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, Engine, insert, select
 from sqlalchemy import update as sa_update
 
+from ..models import fit, fit_key
 from .rollups import lock_sent_mark, unfold_sent
 from .sql import ERROR_SAMPLES, SENT_AS, STRIPE_EVENTS, T, as_utc, insert_for
 from .states import Move, Status, allowed, identifier_of
@@ -82,13 +83,41 @@ def is_stored(conn: Connection, report_id: str) -> bool:
 
 
 def stored_ids(conn: Connection, report_ids: Sequence[str]) -> set[str]:
-    """Which of these reports are already stored."""
+    """Which of these reports are already stored (each looked up by its key, ``_key``)."""
+    keys: dict[str, set[str]] = {}
+    for report_id in report_ids:
+        keys.setdefault(_key(report_id), set()).add(report_id)
     found: set[str] = set()
-    for i in range(0, len(report_ids), 500):
-        chunk = list(report_ids[i:i + 500])
-        found.update(conn.execute(select(STRIPE_EVENTS.c.id)
-                                  .where(STRIPE_EVENTS.c.id.in_(chunk))).scalars())
+    wanted = list(keys)
+    for i in range(0, len(wanted), 500):
+        chunk = wanted[i:i + 500]
+        for key in conn.execute(select(STRIPE_EVENTS.c.id)
+                                .where(STRIPE_EVENTS.c.id.in_(chunk))).scalars():
+            found |= keys[key]
     return found
+
+
+def _key(report_id: str) -> str:
+    """The key a report is stored once by: its id, or, for an id longer than the column (only
+    a poisoned answer has one), its start and a digest of the whole (``fit_key``). Never its
+    start alone: two long ids sharing one would be taken for one report, and the second never
+    applied."""
+    return str(fit_key(STRIPE_EVENTS.c.id, report_id))
+
+
+def _fitted(report: StripeReport) -> StripeReport:
+    """``report`` as it is stored and matched: its id as its key, every text of Stripe's cut
+    to its column and cleaned of what a database refuses (``fit``), so that storing it can
+    never fail. A sample's identifier is matched after the cut: ours are far shorter."""
+    samples = tuple(ErrorSample(code=fit(ERROR_SAMPLES.c.code, s.code),
+                                message=fit(ERROR_SAMPLES.c.message, s.message),
+                                identifier=fit(ERROR_SAMPLES.c.identifier, s.identifier))
+                    for s in report.samples)
+    return replace(report, id=_key(report.id), type=fit(STRIPE_EVENTS.c.type, report.type),
+                   meter_id=fit(STRIPE_EVENTS.c.meter_id, report.meter_id),
+                   error_count=fit(STRIPE_EVENTS.c.error_count, report.error_count),
+                   summary=fit(STRIPE_EVENTS.c.summary, report.summary),
+                   body=fit(STRIPE_EVENTS.c.body, report.body), samples=samples)
 
 
 def store_report(engine: Engine, report: StripeReport, *, source: str,
@@ -105,7 +134,7 @@ def store_reports(engine: Engine, reports: Sequence[StripeReport], *, source: st
     with engine.begin() as conn:
         applied: list[Applied] = []
         fresh: list[tuple[StripeReport, Applied]] = []
-        for report in reports:
+        for report in map(_fitted, reports):
             row = conn.execute(insert_for(conn, STRIPE_EVENTS).values(
                 id=report.id, type=report.type, created=report.created,
                 meter_id=report.meter_id, source=source, stored_at=now,
@@ -156,9 +185,9 @@ def _apply(conn: Connection, reports: Sequence[tuple[str, Sequence[ErrorSample]]
                     outcome = ALREADY
             event_id = None if ev is None else int(ev.id)
             results.append((outcome, event_id))
-            rows.append(dict(stripe_event_id=report_id, code=_cut(s.code, 100),
-                             message=s.message, identifier=_cut(s.identifier, 255),
-                             event_id=event_id, outcome=outcome, at=now))
+            rows.append(dict(stripe_event_id=report_id, code=s.code, message=s.message,
+                             identifier=s.identifier, event_id=event_id, outcome=outcome,
+                             at=now))
         out.append(results)
     if moved and mark is not None:
         unfold_sent(conn, mark, moved)
@@ -195,9 +224,10 @@ def _reject(conn: Connection, ev: Any, sample: ErrorSample, report_id: str,
             now: datetime) -> bool:
     done = conn.execute(sa_update(T).where(T.c.id == ev.id, T.c.status == Status.SENT.value)
                         .values(status=Status.REJECTED.value, rejected_at=now,
-                                reject_code=_cut(sample.code, 100),
-                                reject_message=sample.message,
-                                reject_event_id=_cut(report_id, 255), updated_at=now))
+                                reject_code=fit(T.c.reject_code, sample.code),
+                                reject_message=fit(T.c.reject_message, sample.message),
+                                reject_event_id=fit(T.c.reject_event_id, report_id),
+                                updated_at=now))
     return done.rowcount == 1
 
 
@@ -240,8 +270,3 @@ def last_report_created(conn: Connection) -> datetime | None:
     """When the newest stored report was created at Stripe (where the next poll starts)."""
     return as_utc(conn.execute(select(STRIPE_EVENTS.c.created)
                                .order_by(STRIPE_EVENTS.c.created.desc()).limit(1)).scalar())
-
-
-def _cut(text: str | None, length: int) -> str | None:
-    """Stripe's text cut to its column, keeping the start: storing it can never fail."""
-    return None if text is None else text[:length]

@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import Connection, Engine, select
 from sqlalchemy import update as sa_update
 
+from ..models import fit
 from .sql import SYNC_STATE, as_utc, insert_for
 
 METERS = "meters"
@@ -31,11 +32,12 @@ def _ensure(conn: Connection, name: str) -> None:
 
 def record_run(engine: Engine, name: str, *, ok: bool, detail: str | None,
                now: datetime) -> None:
-    """That ``name`` ran at ``now``, and how it went (one line a person can read)."""
+    """That ``name`` ran at ``now``, and how it went (one line a person can read; it often
+    quotes Stripe's answer, so it is cut to its column: recording it never fails)."""
     with engine.begin() as conn:
         _ensure(conn, name)
         conn.execute(sa_update(SYNC_STATE).where(SYNC_STATE.c.name == name)
-                     .values(ran_at=now, ok=ok, detail=(detail or "")[:2000] or None))
+                     .values(ran_at=now, ok=ok, detail=fit(SYNC_STATE.c.detail, detail or None)))
 
 
 def sync_status(conn: Connection, name: str) -> SyncStatus:

@@ -5,6 +5,7 @@ summaries; cancel a meter event. Only this package imports ``stripe``."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -176,16 +177,19 @@ class StripeGateway:
         params = {"customer": customer, "start_time": int(start.timestamp()),
                   "end_time": int(end.timestamp()), "value_grouping_window": grouping,
                   "limit": 100}
+        what = f"reading the summaries of {customer} on {meter_id}"
         try:
             page = self._client.v1.billing.meters.event_summaries.list(
                 meter_id, params=params)  # type: ignore[arg-type]
-            return [SummaryItem(datetime.fromtimestamp(int(s.start_time), UTC),
-                                datetime.fromtimestamp(int(s.end_time), UTC),
-                                float(s.aggregated_value))
-                    for s in page.auto_paging_iter()]
+            return [_summary(s) for s in page.auto_paging_iter()]
         except stripe.StripeError as exc:
-            raise StripeCallFailed(f"reading the summaries of {customer} on {meter_id}",
-                                   classify_error(exc)) from exc
+            raise StripeCallFailed(what, classify_error(exc)) from exc
+        except (AttributeError, TypeError, ValueError, OverflowError) as exc:
+            # An item that is not a summary (a value that is no finite number, a missing
+            # time): that pair cannot be compared; the run goes on and says so.
+            raise StripeCallFailed(what, CallResult(
+                Outcome.PERMANENT, error_class="MalformedAnswer",
+                message=f"an item could not be read: {exc}")) from exc
 
     def cancel_meter_event(self, event_name: str, identifier: str) -> CallResult:
         """``POST /v1/billing/meter_event_adjustments`` (``type=cancel``): Stripe takes it
@@ -205,16 +209,24 @@ class StripeGateway:
         self._http.close()
 
 
+def _summary(s: Any) -> SummaryItem:
+    value = float(s.aggregated_value)
+    if not math.isfinite(value):
+        raise ValueError(f"aggregated_value {value!r} is not a finite number")
+    return SummaryItem(datetime.fromtimestamp(int(s.start_time), UTC),
+                       datetime.fromtimestamp(int(s.end_time), UTC), value)
+
+
 def _meter(m: dict[str, Any]) -> MeterInfo:
     mapping = m.get("customer_mapping") or {}
     value = m.get("value_settings") or {}
     aggregation = m.get("default_aggregation") or {}
-    return MeterInfo(event_name=str(m.get("event_name") or ""), meter_id=m.get("id"),
+    return MeterInfo(event_name=str(m.get("event_name") or ""), meter_id=_text(m.get("id")),
                      status=str(m.get("status") or "inactive"),
                      customer_key=str(mapping.get("event_payload_key") or DEFAULT_CUSTOMER_KEY),
                      value_key=str(value.get("event_payload_key") or DEFAULT_VALUE_KEY),
                      formula=str(aggregation.get("formula") or "sum"),
-                     display_name=m.get("display_name"))
+                     display_name=_text(m.get("display_name")))
 
 
 def report_from(event: dict[str, Any]) -> StripeReport:
@@ -227,15 +239,25 @@ def report_from(event: dict[str, Any]) -> StripeReport:
     for error_type in reason.get("error_types") or []:
         for sample in error_type.get("sample_errors") or []:
             request = sample.get("request") or {}
-            samples.append(ErrorSample(code=error_type.get("code"),
-                                       message=sample.get("error_message"),
-                                       identifier=request.get("identifier")))
+            samples.append(ErrorSample(code=_text(error_type.get("code")),
+                                       message=_text(sample.get("error_message")),
+                                       identifier=_text(request.get("identifier"))))
+    try:
+        error_count = int(reason.get("error_count") or 0)
+    except (TypeError, ValueError, OverflowError):
+        error_count = 0
+    # Lengths are the store's business (``webapp.models.limits``): texts come out whole.
     return StripeReport(
         id=str(event["id"]), type=str(event.get("type") or ""),
-        created=_parse_time(event.get("created")), meter_id=related.get("id"),
-        error_count=int(reason.get("error_count") or 0),
-        summary=data.get("developer_message_summary"), samples=tuple(samples),
-        body=json.dumps(event, default=str)[:65536])
+        created=_parse_time(event.get("created")),
+        meter_id=_text(related.get("id")), error_count=error_count,
+        summary=_text(data.get("developer_message_summary")), samples=tuple(samples),
+        body=json.dumps(event, default=str))
+
+
+def _text(value: Any) -> str | None:
+    """A text field of Stripe's as text (None stays None, anything else its ``str``)."""
+    return None if value is None else str(value)
 
 
 def _parse_time(value: Any) -> datetime:

@@ -54,10 +54,12 @@ class MeterRefresher:
         except Exception as exc:
             sync.record_run(self.engine, sync.METERS, ok=False, detail=str(exc), now=now)
             raise
-        active = meters.store_meters(self.engine, listed, now=now)
-        sync.record_run(self.engine, sync.METERS, ok=True,
-                        detail=f"{len(listed)} meters listed, {active} active", now=now)
-        return active
+        stored = meters.store_meters(self.engine, listed, now=now)
+        refused = (f", {len(stored.refused)} refused: " + "; ".join(stored.refused)
+                   if stored.refused else "")
+        sync.record_run(self.engine, sync.METERS, ok=True, now=now,
+                        detail=f"{len(listed)} meters listed, {stored.active} active{refused}")
+        return stored.active
 
 
 class MeterCatalog:

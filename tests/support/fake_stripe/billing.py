@@ -54,13 +54,17 @@ class BillingMixin:
     # -- configuration ----------------------------------------------------------------------
     def add_meter(self, event_name: str, *, customer_key: str = "stripe_customer_id",
                   value_key: str = "value", formula: str = "sum",
-                  status: str = "active") -> str:
-        """Create (or replace) the meter of ``event_name``; its id."""
+                  status: str = "active", meter_id: str | None = None,
+                  display_name: str | None = None) -> str:
+        """Create (or replace) the meter of ``event_name``; its id (``meter_id`` when given:
+        any text, however long, as a poisoned listing would carry)."""
         with self._lock:
             self._meter_seq += 1
-            meter = FakeMeter(id=f"mtr_fake{self._meter_seq:06d}", event_name=event_name,
-                              status=status, customer_key=customer_key, value_key=value_key,
-                              formula=formula, display_name=event_name.replace("_", " "),
+            meter = FakeMeter(id=meter_id or f"mtr_fake{self._meter_seq:06d}",
+                              event_name=event_name, status=status,
+                              customer_key=customer_key, value_key=value_key, formula=formula,
+                              display_name=(event_name.replace("_", " ") if display_name is None
+                                            else display_name),
                               created=self._meter_seq)
             self._meters[event_name] = meter
             return meter.id

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
 import random
@@ -74,6 +75,15 @@ _log = logging.getLogger("tests.support.fake_stripe")
 
 #: request_log() keeps at most this many entries (the oldest are dropped first).
 REQUEST_LOG_LIMIT = 200_000
+
+
+@dataclasses.dataclass(frozen=True)
+class Poison:
+    """Hostile values every answer carries (see :meth:`FakeStripe.poison`)."""
+
+    request_id: str | None = None
+    code: str | None = None
+    message: str | None = None
 
 
 class FakeStripe(FaultsMixin, MeterEventsMixin, BillingMixin, ReportsMixin):
@@ -139,6 +149,7 @@ class FakeStripe(FaultsMixin, MeterEventsMixin, BillingMixin, ReportsMixin):
         self._targeted: dict[str, Fault] = {}
         self._random: RandomFaults | None = None
         self._auth_failure: int | None = None
+        self._poison: Poison | None = None
 
         self._accepted: dict[str, AcceptedEvent] = {}
         self._accept_count = 0
@@ -340,6 +351,7 @@ class FakeStripe(FaultsMixin, MeterEventsMixin, BillingMixin, ReportsMixin):
             self._targeted.clear()
             self._random = None
             self._auth_failure = None
+            self._poison = None
             self._accepted.clear()
             self._accept_count = 0
             self._calls = 0
@@ -366,6 +378,38 @@ class FakeStripe(FaultsMixin, MeterEventsMixin, BillingMixin, ReportsMixin):
             if self._customers is None:
                 self._customers = set()
             self._customers.add(customer)
+
+    def poison(self, *, request_id: str | None = None, code: str | None = None,
+               message: str | None = None) -> None:
+        """Answer with hostile values until :meth:`reset` (or a call with none): every answer
+        of every route carries ``request_id`` as its ``Request-Id`` header; every error body
+        carries ``code`` and ``message`` instead of its own (so a 400, a 429 or a 500 keeps
+        its status and type, and the SDK its class). Values are sent as given: a code of 300
+        characters, emoji, a NUL or a lone surrogate (both JSON-escaped, as Stripe's JSON
+        would carry them)."""
+        with self._lock:
+            self._poison = (Poison(request_id, code, message)
+                            if any(v is not None for v in (request_id, code, message))
+                            else None)
+
+    def _poisoned(self, resp: Response, req_id: str | None) -> tuple[Response, str | None]:
+        """``resp`` and its request id as :meth:`poison` says to answer them."""
+        with self._lock:
+            poison = self._poison
+        if poison is None:
+            return resp, req_id
+        if poison.request_id is not None:
+            req_id = poison.request_id
+        if resp.status >= 400 and (poison.code is not None or poison.message is not None):
+            body = json.loads(resp.body)
+            err = body.get("error") if isinstance(body, dict) else None
+            if isinstance(err, dict):
+                if poison.code is not None:
+                    err["code"] = poison.code
+                if poison.message is not None:
+                    err["message"] = poison.message
+                resp = dataclasses.replace(resp, body=to_json(body))
+        return resp, req_id
 
     def set_auth_failure(self, status: int | None) -> None:
         """Answer every meter-event call with 401 or 403 until called with ``None``."""

@@ -228,6 +228,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def send(self, resp: Response, req_id: str | None = None) -> None:
         """Write ``resp`` (with a ``Request-Id``) and flush it to the socket."""
+        resp, req_id = self.server.fake._poisoned(resp, req_id)
         self.send_response(resp.status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(resp.body)))

@@ -64,10 +64,12 @@ class ReportsMixin:
         return [self.report_errors(errs) for errs in by_meter.values()]
 
     def report_errors(self, errors: Iterable[AsyncError], *, type_: str = ERROR_REPORT,
-                      error_count: int | None = None, created_ago: float = 0.0) -> str:
+                      error_count: int | None = None, created_ago: float = 0.0,
+                      event_id: str | None = None, summary: str | None = None) -> str:
         """One event reporting ``errors`` (all of one meter); ``error_count`` may claim more
         errors than those sampled; ``created_ago`` backdates it (an event Stripe lists only
-        after newer ones were read). Its id."""
+        after newer ones were read); ``event_id`` and ``summary`` replace its id and its
+        ``developer_message_summary`` (any text, as a poisoned answer would carry). Its id."""
         errs = list(errors)
         now = self._clock() - created_ago
         with self._lock:
@@ -82,9 +84,10 @@ class ReportsMixin:
                  for code, group in by_code.items()]
         total = error_count if error_count is not None else len(errs)
         event: dict[str, Any] = {
-            "id": "evt_" + secrets.token_hex(12), "object": "v2.core.event", "type": type_,
-            "created": _rfc3339(now), "livemode": False, "context": None,
-            "data": {"developer_message_summary": f"There are {total} invalid meter events.",
+            "id": event_id or "evt_" + secrets.token_hex(12), "object": "v2.core.event",
+            "type": type_, "created": _rfc3339(now), "livemode": False, "context": None,
+            "data": {"developer_message_summary": (f"There are {total} invalid meter events."
+                                                   if summary is None else summary),
                      "validation_start": _rfc3339(now - 60), "validation_end": _rfc3339(now),
                      "reason": {"error_count": total, "error_types": types}},
         }
