@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
-from flask import Blueprint, flash, redirect, request, url_for
+from flask import Blueprint, flash, redirect, url_for
 from flask.typing import ResponseReturnValue
 
 from ..read.users import users_list
 from ..users import MIN_PASSWORD, ROLES, create_user, set_active
 from .common import now, render, svc
 from .errors import back_to
+from .params import Text, accepts
 from .security import current_user, require_role
 
 bp = Blueprint("users", __name__)
+
+EMAIL = Text("email", 254, source="form")
+ROLE = Text("role", 20, source="form")
+PASSWORD = Text("password", 1024, source="form", strip=False)
 
 
 @bp.get("/users")
@@ -23,21 +28,22 @@ def index() -> ResponseReturnValue:
 
 @bp.post("/users")
 @require_role("admin")
+@accepts(EMAIL, ROLE, PASSWORD)
 def create() -> ResponseReturnValue:
     """Create a user with a role and an initial password (they should change it… by asking
     an admin: password changes are a later feature)."""
-    email = request.form.get("email", "").strip()
-    role = request.form.get("role", "")
+    email = EMAIL.get()
+    role = ROLE.get()
     admin = current_user()
     assert admin is not None
     back_to(url_for("users.index"))
-    create_user(svc().engine, email, request.form.get("password", ""), role, now=now(),
+    create_user(svc().engine, email, PASSWORD.get(), role, now=now(),
                 actor=admin.email)
     flash(f"Created {email.lower()} ({role}).", "ok")
     return redirect(url_for("users.index"), code=303)
 
 
-@bp.post("/users/<int:user_id>/deactivate")
+@bp.post("/users/<id:user_id>/deactivate")
 @require_role("admin")
 def deactivate(user_id: int) -> ResponseReturnValue:
     """Deactivate a user: their sessions end at their next request."""
@@ -49,7 +55,7 @@ def deactivate(user_id: int) -> ResponseReturnValue:
     return _set_active(user_id, False)
 
 
-@bp.post("/users/<int:user_id>/activate")
+@bp.post("/users/<id:user_id>/activate")
 @require_role("admin")
 def activate(user_id: int) -> ResponseReturnValue:
     return _set_active(user_id, True)
