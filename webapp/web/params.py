@@ -6,11 +6,12 @@ view only ever sees values of the declared type and range.
 Declared once per view, the fields are also the registry the fuzz test enumerates
 (``view.accepts``), and :meth:`Field.get` refuses a field its view did not declare.
 
-What every field refuses: bytes that are not UTF-8 (Werkzeug decodes with
-``errors="replace"``, so they arrive as U+FFFD; a real U+FFFD is refused too — no field here
-has a use for it), NUL, and other control characters (a multi-line field allows line breaks
-and tabs). Numbers are ASCII digits within a 64-bit signed integer and the field's own range;
-dates are ``YYYY-MM-DD`` between :data:`EARLIEST` and :data:`LATEST`.
+What every field refuses: bytes that are not UTF-8 (decoded to U+FFFD by
+:class:`InputRequest` — Werkzeug itself keeps them percent-encoded, indistinguishable from a
+typed ``%FF`` — so a real U+FFFD is refused too: no field here has a use for it), NUL, and
+other control characters (a multi-line field allows line breaks and tabs). Numbers are ASCII
+digits within a 64-bit signed integer and the field's own range; dates are ``YYYY-MM-DD``
+from :data:`EARLIEST` to :data:`LATEST`.
 
 Path parts are checked by the URL converters installed by :func:`init_app`: ``<id:…>`` (a
 positive 64-bit integer) and ``<tenant:…>`` (a tenant id); anything else is a 404.
@@ -23,10 +24,14 @@ from collections.abc import Callable, Collection, Sequence
 from datetime import date
 from functools import wraps
 from typing import Any, Generic, Literal, TypeVar, overload
+from urllib.parse import parse_qsl, quote
 
-from flask import Flask, g, request
+from flask import Flask, Request, g, request
+from werkzeug.datastructures import MultiDict
 from werkzeug.exceptions import BadRequest
+from werkzeug.formparser import FormDataParser
 from werkzeug.routing import BaseConverter, PathConverter, ValidationError
+from werkzeug.utils import cached_property
 
 from ..read.paging import Cursor
 
@@ -284,6 +289,41 @@ def declared(view: Callable[..., Any]) -> Sequence[Field[Any]]:
     return tuple(getattr(view, "accepts", ()))
 
 
+# -- decoding ------------------------------------------------------------------------------------
+
+#: What ``full_path`` leaves as it is in a query string (everything ASCII that is printable).
+_QUERY_SAFE = "".join(chr(c) for c in range(33, 127))
+
+
+def _decode_pairs(raw: bytes) -> list[tuple[str, str]]:
+    """``a=1&b=2`` as pairs; bytes that are not UTF-8, escaped or raw, become U+FFFD."""
+    return parse_qsl(raw.decode("utf-8", "replace"), keep_blank_values=True, errors="replace")
+
+
+class _FormParser(FormDataParser):
+    def _parse_urlencoded(self, stream: Any, mimetype: str, content_length: int | None,
+                          options: dict[str, str]) -> Any:
+        # The stream is already limited to MAX_CONTENT_LENGTH (as in Werkzeug's own).
+        return stream, self.cls(_decode_pairs(stream.read())), self.cls()
+
+
+class InputRequest(Request):
+    """Flask's request, with query strings and url-encoded forms decoded so that bytes that
+    are not UTF-8 arrive as U+FFFD (multipart fields already do), for the fields to refuse."""
+
+    form_data_parser_class = _FormParser
+
+    @cached_property
+    def args(self) -> MultiDict[str, str]:
+        return self.parameter_storage_class(_decode_pairs(self.query_string))
+
+    @property
+    def full_path(self) -> str:
+        """The path and query string, with bytes that are not ASCII percent-encoded
+        (Werkzeug's decodes them strictly: raw bad bytes raised, a 500)."""
+        return f"{self.path}?{quote(self.query_string, safe=_QUERY_SAFE)}"
+
+
 # -- path parts ----------------------------------------------------------------------------------
 
 class IdConverter(BaseConverter):
@@ -314,7 +354,8 @@ class TenantConverter(PathConverter):
 
 
 def init_app(app: Flask) -> None:
-    """Install the converters (before any blueprint's rules are added)."""
+    """Install the request class and the converters (before any blueprint's rules)."""
+    app.request_class = InputRequest
     app.url_map.converters["id"] = IdConverter
     app.url_map.converters["tenant"] = TenantConverter
 
