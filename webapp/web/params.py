@@ -77,8 +77,6 @@ class Field(Generic[V]):
     """One parameter: its name, where it comes from, and how its text becomes a value.
     Missing or blank means the default."""
 
-    kind = "text"
-
     def __init__(self, name: str, *, source: Source = "query", default: Any = None) -> None:
         self.name = name
         self.source: Source = source
@@ -140,7 +138,6 @@ class Text(Field[str]):
         self.pattern = None if pattern is None else re.compile(pattern)
         self.multiline = multiline
         self.strip = strip
-        self.kind = "choice" if choices is not None else "text"
 
     def parse(self) -> str:
         values = self.raw()
@@ -177,8 +174,6 @@ class Int(Field[V]):
     """A whole number from ``low`` to ``high``, both within a 64-bit signed integer.
     ``clamp``: a number outside the range is moved into it rather than refused."""
 
-    kind = "int"
-
     @overload
     def __init__(self: Int[int], name: str, low: int, high: int, *, default: int,
                  source: Source = ..., clamp: bool = ...) -> None: ...
@@ -203,8 +198,6 @@ class Ids(Field[list[int]]):
     """A list of ids (the field repeated, e.g. ticked checkboxes), at most ``max_count`` of
     them; blank entries are skipped."""
 
-    kind = "ids"
-
     def __init__(self, name: str, *, max_count: int, source: Source = "form") -> None:
         super().__init__(name, source=source, default=[])
         self.max_count = max_count
@@ -218,8 +211,6 @@ class Ids(Field[list[int]]):
 
 class Day(Field[date | None]):
     """A date ``YYYY-MM-DD`` from :data:`EARLIEST` to :data:`LATEST`."""
-
-    kind = "day"
 
     def convert(self, raw: str) -> date:
         text = raw.strip()
@@ -237,8 +228,6 @@ class Day(Field[date | None]):
 class Position(Field[Cursor | None]):
     """A keyset page position (``Cursor``): a time with its zone and an id, both in range."""
 
-    kind = "cursor"
-
     def convert(self, raw: str) -> Cursor:
         text = self.clean(raw, max_len=80)
         try:
@@ -252,8 +241,6 @@ class Position(Field[Cursor | None]):
 
 class Flag(Field[bool]):
     """A checkbox or hidden switch: ``on`` (its value) or absent; anything else is refused."""
-
-    kind = "flag"
 
     def __init__(self, name: str, on: str = "yes", *, source: Source = "form") -> None:
         super().__init__(name, source=source, default=False)
