@@ -59,3 +59,23 @@ def test_every_module_is_a_readable_size(path: Path) -> None:
 def test_no_test_double_in_the_product() -> None:
     offenders = [p for p in PACKAGE.rglob("*.py") if "fake" in p.name or "testing" in p.parts]
     assert offenders == []
+
+
+#: What only the input layer (``webapp/web/params.py``) reads of a request.
+RAW_INPUT = {"args", "form", "values", "get_json", "json", "files"}
+
+
+def test_only_the_input_layer_reads_parameters() -> None:
+    """Every query parameter and form field goes through ``webapp.web.params`` (typed,
+    ranged, refused with a 400 naming it). The Stripe webhook reads its raw body and its
+    signature header, which is not a parameter: ``request.get_data`` stays allowed."""
+    layer = PACKAGE / "web" / "params.py"
+    offenders = []
+    for path in sorted((PACKAGE / "web").rglob("*.py")):
+        if path == layer:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Attribute) and node.attr in RAW_INPUT
+                    and isinstance(node.value, ast.Name) and node.value.id == "request"):
+                offenders.append(f"{path.name}:{node.lineno} request.{node.attr}")
+    assert offenders == []

@@ -176,7 +176,8 @@ def test_retries_page(client_as, seed) -> None:
     assert page.retrying_total == 3 and len(page.retrying) == 3
     html = client.get("/retries?split=code").get_data(as_text=True)
     assert "rate_limit" in html and "<title>" in html and "outcome unknown since" in html
-    assert client.get("/retries?split=bogus").status_code == 200
+    bogus = client.get("/retries?split=bogus")  # an unknown split is refused, naming it
+    assert bogus.status_code == 400 and "split" in bogus.get_data(as_text=True)
 
 
 def test_chart_is_accessible_svg_with_a_table(client_as, seed) -> None:

@@ -9,6 +9,7 @@ timestamp, a UTC day) and a case-folding search are compiled per dialect below.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
@@ -29,6 +30,7 @@ from sqlalchemy import (
     literal_column,
     not_,
     or_,
+    select,
     text,
 )
 from sqlalchemy import cast as sql_cast
@@ -147,12 +149,29 @@ def rule_sql(rule: Sequence[tuple[Condition, str]], otherwise: str,
 
 
 def id_in(conn: Connection, column: Any, ids: Sequence[int]) -> ColumnElement[bool]:
-    """``column = ANY(:ids)`` (one array parameter) on PostgreSQL, ``column IN (…)`` on
-    SQLite: never one bind parameter per id on PostgreSQL, whatever the number of ids."""
+    """``column = ANY(:ids)`` (one array parameter) on PostgreSQL, ``column IN (SELECT value
+    FROM json_each(:ids))`` on SQLite: one bind parameter whatever the number of ids
+    (PostgreSQL takes at most 65,535 per statement, SQLite 32,766)."""
     if conn.dialect.name == "postgresql":
         return cast(ColumnElement[bool], column == any_(sql_cast(
-            bindparam("ids", bigint_array(ids), type_=Text), postgresql.ARRAY(BigInteger))))
-    return cast(ColumnElement[bool], column.in_(list(ids)))
+            bindparam("ids", bigint_array(ids), type_=Text, unique=True),
+            postgresql.ARRAY(BigInteger))))
+    return _in_json(column, [int(i) for i in ids])
+
+
+def text_in(conn: Connection, column: Any, values: Sequence[str]) -> ColumnElement[bool]:
+    """``column`` is one of ``values`` (tenant ids, keys…), as one array parameter on
+    PostgreSQL and one JSON parameter on SQLite, however many values there are."""
+    if conn.dialect.name == "postgresql":
+        return cast(ColumnElement[bool], column == any_(
+            bindparam("values", list(values), type_=postgresql.ARRAY(Text), unique=True)))
+    return _in_json(column, [str(v) for v in values])
+
+
+def _in_json(column: Any, values: list[Any]) -> ColumnElement[bool]:
+    listed: Any = select(literal_column("value")).select_from(
+        func.json_each(bindparam("values", json.dumps(values), type_=Text, unique=True)))
+    return cast(ColumnElement[bool], column.in_(listed))
 
 
 def bigint_array(ids: Iterable[int]) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import Engine, func, select
 
 from ..db import reading
-from ..outbox.sql import TENANTS, T, as_utc, int_sum, status_is
+from ..outbox.sql import TENANTS, T, as_utc, int_sum, status_is, text_in
 from ..outbox.states import MAX_AGE, RequeueCheck, requeue_check
 from .counts import NEAR_LIMIT
 from .paging import Cursor, Page, keyset
@@ -100,7 +100,7 @@ def rejected(engine: Engine, filters: RejectedFilters, *, now: datetime,
                       limit=limit, key="rejected_at")
         tenants = {r.tenant_id: r.stripe_customer_id for r in conn.execute(
             select(TENANTS.c.tenant_id, TENANTS.c.stripe_customer_id).where(
-                TENANTS.c.tenant_id.in_(sorted({r["tenant_id"] for r in page.rows}))))}
+                text_in(conn, TENANTS.c.tenant_id, sorted({r["tenant_id"] for r in page.rows}))))}
     for r in page.rows:
         r["reason"] = reason_text(r["reject_code"], customer=r["stripe_customer_id"],
                                   meter=r["meter"], message=r["reject_message"])

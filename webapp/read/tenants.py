@@ -22,6 +22,7 @@ from ..outbox.sql import (
     sql_str,
     status_in,
     status_is,
+    text_in,
 )
 from .counts import Freshness, UnmappedTenant, rollup_freshness, unmapped_tenants
 from .paging import Cursor, Page, keyset
@@ -108,7 +109,7 @@ def usage_in(conn: Connection, *, start: date, end: date,
     ids = sorted({t for t, _ in table})
     tenants = {t.tenant_id: t for t in conn.execute(
         select(TENANTS.c.tenant_id, TENANTS.c.name, TENANTS.c.stripe_customer_id)
-        .where(TENANTS.c.tenant_id.in_(ids)))} if ids else {}
+        .where(text_in(conn, TENANTS.c.tenant_id, ids)))} if ids else {}
     for (t, _m), r in table.items():
         if t in tenants:
             r.name = tenants[t].name

@@ -22,6 +22,7 @@ def register_blueprints(app: Flask) -> None:
         events,
         health,
         metrics,
+        params,
         reconciliation,
         rejected,
         security,
@@ -32,6 +33,7 @@ def register_blueprints(app: Flask) -> None:
         webhook,
     )
 
+    params.init_app(app)  # the URL converters, before any rule uses them
     security.init_app(app)
     templating.init_app(app)
     errors.init_app(app)

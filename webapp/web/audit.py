@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from flask import Blueprint, abort
+from flask import Blueprint
 from flask.typing import ResponseReturnValue
 
 from ..read import audit as reads
 from ..read.paging import MAX_PAGE
-from .common import arg, csv_response, date_arg, int_arg, render, svc
+from .common import csv_response, render, svc
+from .params import MAX_ID, Day, Int, Text, accepts
 from .security import require_role
 
 bp = Blueprint("audit", __name__)
@@ -15,22 +16,29 @@ bp = Blueprint("audit", __name__)
 CSV_HEADER = ["id", "at", "actor", "action", "event_count", "event_ids", "reason_code", "note"]
 
 
+ACTOR = Text("actor", 200)
+ACTION = Text("action", 50)
+SINCE = Day("since")
+UNTIL = Day("until")
+EVENT = Int("event", 1, MAX_ID)
+FILTERS = (ACTOR, ACTION, SINCE, UNTIL, EVENT)
+BELOW = Int("below", 1, MAX_ID)
+LIMIT = Int("limit", 1, MAX_PAGE, default=100, clamp=True)
+
+
 def _filters() -> reads.AuditFilters:
-    event = arg("event", max_len=20)
-    if event and not event.isdigit():
-        abort(400, "event must be an event id")
-    return reads.AuditFilters(actor=arg("actor"), action=arg("action", max_len=50),
-                                since=date_arg("since", None), until=date_arg("until", None),
-                                event_id=int(event) if event else None)
+    return reads.AuditFilters(actor=ACTOR.get(), action=ACTION.get(), since=SINCE.get(),
+                              until=UNTIL.get(), event_id=EVENT.get())
 
 
 @bp.get("/audit")
 @require_role("viewer")
+@accepts(*FILTERS, BELOW, LIMIT)
 def index() -> ResponseReturnValue:
     """Audit entries, newest first."""
     filters = _filters()
-    below = int_arg("below", 0, 0, 2**62) or None
-    limit = int_arg("limit", 100, 1, MAX_PAGE)
+    below = BELOW.get()
+    limit = LIMIT.get()
     page = reads.audit_log(svc().engine, filters, below=below, limit=limit)
     return render("audit/index.html", page=page, f=filters,
                   limit=limit if limit != 100 else None)
@@ -38,6 +46,7 @@ def index() -> ResponseReturnValue:
 
 @bp.get("/audit.csv")
 @require_role("viewer")
+@accepts(*FILTERS)
 def export() -> ResponseReturnValue:
     """Every matching entry, oldest first."""
     filters = _filters()

@@ -14,6 +14,7 @@ from ..audit import write_audit
 from ..read.users import user_count
 from ..users import UserError, authenticate, change_password, end_sessions, record_login
 from .common import now, render, svc
+from .params import Text, accepts
 from .security import (
     INSECURE_TRANSPORT,
     current_user,
@@ -26,12 +27,17 @@ from .security import (
 bp = Blueprint("auth", __name__)
 account_bp = Blueprint("account", __name__)
 
+NEXT = Text("next", 2000, source="either")
+EMAIL = Text("email", 254, source="form")
+PASSWORD = Text("password", 1024, source="form", strip=False)
+
 
 @bp.route("/login", methods=["GET", "POST"])
+@accepts(NEXT, EMAIL, PASSWORD)
 def login() -> ResponseReturnValue:
     """The log-in form; with no user at all, how to create the first one."""
     engine = svc().engine
-    target = safe_next(request.values.get("next"), url_for("dashboard.overview"))
+    target = safe_next(NEXT.get(), url_for("dashboard.overview"))
     if user_count(engine) == 0:
         return render("auth/first_run.html", status=200)
     warning = INSECURE_TRANSPORT if insecure_transport() else None
@@ -39,8 +45,8 @@ def login() -> ResponseReturnValue:
         if current_user() is not None:
             return redirect(target)
         return render("auth/login.html", next=target, email="", error=None, warning=warning)
-    email = request.form.get("email", "").strip().lower()[:254]
-    password = request.form.get("password", "")
+    email = EMAIL.get().lower()
+    password = PASSWORD.get()
     address = request.remote_addr or "unknown"
     keys = [throttle.account_key(email), throttle.address_key(address)]
     actor = email or "(no email given)"
@@ -103,21 +109,27 @@ def logout() -> ResponseReturnValue:
     return redirect(url_for("auth.login"), code=303)
 
 
+CURRENT_PASSWORD = Text("current_password", 1024, source="form", strip=False)
+NEW_PASSWORD = Text("new_password", 1024, source="form", strip=False)
+CONFIRM_PASSWORD = Text("confirm_password", 1024, source="form", strip=False)
+
+
 @account_bp.route("/account/password", methods=["GET", "POST"])
 @require_role("viewer")
+@accepts(CURRENT_PASSWORD, NEW_PASSWORD, CONFIRM_PASSWORD)
 def password() -> ResponseReturnValue:
     """Change your own password; the current one is required. Every other session ends."""
     user = current_user()
     assert user is not None
     if request.method == "GET":
         return render("auth/password.html", error=None, forced=_forced())
-    new = request.form.get("new_password", "")
-    if new != request.form.get("confirm_password", ""):
+    new = NEW_PASSWORD.get()
+    if new != CONFIRM_PASSWORD.get():
         return render("auth/password.html", status=400, forced=_forced(),
                       error="The new password and its confirmation differ.")
     try:
         generation = change_password(svc().engine, user.id,
-                                     request.form.get("current_password", ""), new, now=now())
+                                     CURRENT_PASSWORD.get(), new, now=now())
     except UserError as exc:
         return render("auth/password.html", status=400, error=str(exc), forced=_forced())
     sign_in(user.id, generation)  # this session goes on; every other one has ended

@@ -1,5 +1,5 @@
-"""What every view shares: the app's services, the request's clock, parsing parameters,
-rendering a page or its htmx fragment, and CSV downloads."""
+"""What every view shares: the app's services, the request's clock, signed previews,
+rendering a page or its htmx fragment, and CSV downloads. (Parameters: ``params``.)"""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import csv
 import io
 import re
 from collections.abc import Iterable, Iterator
-from datetime import UTC, date, datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -22,7 +22,6 @@ from flask import (
 )
 from itsdangerous import BadSignature, URLSafeTimedSerializer
 
-from ..read.paging import Cursor
 from ..services import Services, services_of
 from .security import is_htmx
 
@@ -58,12 +57,11 @@ def sign_snapshot(salt: str, user_id: int, **content: Any) -> str:
     return _snapshots(salt).dumps({**content, "uid": user_id})
 
 
-def read_snapshot(salt: str, user_id: int) -> dict[str, Any]:
-    """The form's signed preview (``snapshot``): 400 if forged, older than
+def read_snapshot(salt: str, user_id: int, token: str) -> dict[str, Any]:
+    """A form's signed preview (``params.SNAPSHOT``): 400 if forged, older than
     ``SNAPSHOT_MAX_AGE`` or another person's."""
     try:
-        snap = _snapshots(salt).loads(request.form.get("snapshot", ""),
-                                      max_age=SNAPSHOT_MAX_AGE)
+        snap = _snapshots(salt).loads(token, max_age=SNAPSHOT_MAX_AGE)
     except BadSignature:
         abort(400, "This preview is invalid or older than an hour; preview again.")
     if not isinstance(snap, dict) or snap.get("uid") != user_id:
@@ -136,50 +134,3 @@ def _cell(value: Any) -> Any:
     if isinstance(value, datetime):
         value = value.astimezone(UTC).isoformat()
     return _FORMULA_START.sub(r"\1'", str(value))
-
-
-# -- parameters ------------------------------------------------------------------------------------
-
-def arg(name: str, default: str = "", max_len: int = 200) -> str:
-    value = request.args.get(name, default).strip()
-    if len(value) > max_len:
-        abort(400, f"{name} is too long")
-    return value
-
-
-def int_arg(name: str, default: int, low: int, high: int) -> int:
-    raw = request.args.get(name, "")
-    if raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        abort(400, f"{name} must be a whole number")
-    return max(low, min(high, value))
-
-
-def date_arg(name: str, default: date | None) -> date | None:
-    raw = request.args.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        return date.fromisoformat(raw)
-    except ValueError:
-        abort(400, f"{name} must be a date like 2026-01-31")
-
-
-def cursor_arg(name: str) -> Cursor | None:
-    raw = request.args.get(name, "").strip()
-    if not raw:
-        return None
-    try:
-        return Cursor.decode(raw)
-    except ValueError:
-        abort(400, f"{name} is not a valid page position")
-
-
-def form_ids(name: str = "ids") -> list[int]:
-    try:
-        return [int(v) for v in request.form.getlist(name) if v.strip()]
-    except ValueError:
-        abort(400, "event ids must be whole numbers")

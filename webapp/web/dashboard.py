@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-from flask import Blueprint, flash, redirect, request, url_for
+from flask import Blueprint, flash, redirect, url_for
 from flask.typing import ResponseReturnValue
 
 from ..outbox import operations
 from ..read import overview as overview_reads
 from ..read import retries as retries_reads
-from .common import arg, now, render, svc
+from .common import now, render, svc
+from .params import NEXT, Text, accepts
 from .security import current_user, require_role, safe_next
 
 bp = Blueprint("dashboard", __name__)
+
+SPLIT = Text("split", 20, choices=retries_reads.SPLITS, default="outcome")
+PAUSE_REASON = Text("reason", 500, source="form")
 
 
 @bp.get("/")
@@ -25,11 +29,10 @@ def overview() -> ResponseReturnValue:
 
 @bp.get("/retries")
 @require_role("viewer")
+@accepts(SPLIT)
 def retries() -> ResponseReturnValue:
     """Attempt-count histograms and the events waiting for their next attempt."""
-    split = arg("split", "outcome")
-    if split not in retries_reads.SPLITS:
-        split = "outcome"
+    split = SPLIT.get()
     data = retries_reads.retries(svc().engine, now=now(), split=split)
     return render("dashboard/retries.html", page=data, splits=retries_reads.SPLITS,
                   max_attempts=svc().settings.max_attempts)
@@ -37,9 +40,10 @@ def retries() -> ResponseReturnValue:
 
 @bp.post("/sending/pause")
 @require_role("operator")
+@accepts(PAUSE_REASON, NEXT)
 def pause() -> ResponseReturnValue:
     """Stop sending for every worker (stored in the database)."""
-    reason = request.form.get("reason", "").strip()[:500] or None
+    reason = PAUSE_REASON.get() or None
     user = current_user()
     assert user is not None
     changed = operations.pause(svc().engine, actor=user.email, reason=reason, now=now())
@@ -50,6 +54,7 @@ def pause() -> ResponseReturnValue:
 
 @bp.post("/sending/resume")
 @require_role("operator")
+@accepts(NEXT)
 def resume() -> ResponseReturnValue:
     """Restart sending."""
     user = current_user()
@@ -60,5 +65,5 @@ def resume() -> ResponseReturnValue:
 
 
 def _back() -> str:
-    return safe_next(request.form.get("next"), url_for("dashboard.overview"))
+    return safe_next(NEXT.get(), url_for("dashboard.overview"))
 

@@ -8,34 +8,35 @@ which any event changed meanwhile is refused whole and the operator previews aga
 
 from __future__ import annotations
 
-from typing import Any
-
 from flask import Blueprint, abort, flash, redirect, request, url_for
 from flask.typing import ResponseReturnValue
 
 from ..outbox import operations
 from ..read import dead_letters as reads
 from ..read.paging import MAX_PAGE
-from .common import cursor_arg, form_ids, int_arg, now, read_snapshot, render, sign_snapshot, svc
+from .common import now, read_snapshot, render, sign_snapshot, svc
 from .errors import back_to
+from .params import NEXT, NOTE, REASON, SNAPSHOT, Flag, Ids, Text, accepts, page_fields
 from .security import current_user, require_role, safe_next
 
 bp = Blueprint("dead_letters", __name__)
 #: Signs the preview of a bulk requeue (see ``common.sign_snapshot``).
 SNAPSHOT_SALT = "requeue-all-v1"
 
+STATUS = Text("status", 20, choices=reads.DEAD_STATUSES, default="dead")
+AGE = Text("age", 20, choices=reads.AGES)
+TEXT_FILTERS = tuple(Text(name, 200) for name in ("tenant", "meter", "code", "error_class", "q"))
+FILTERS = (STATUS, AGE, *TEXT_FILTERS)
+LIMIT, AFTER, BEFORE = page_fields(50, MAX_PAGE)
+IDS = Ids("ids", max_count=reads.MAX_BULK)
+FORCE = Flag("force", on="1")
+CONFIRM_FORCE = Flag("confirm_force")
+INCLUDE_FORCED = Flag("include_forced")
 
 
-def _filters(source: Any = None) -> reads.DeadFilters:
-    src = request.args if source is None else source
-    try:
-        return reads.DeadFilters(
-            status=src.get("status", "dead") or "dead",
-            tenant=src.get("tenant", "").strip(), meter=src.get("meter", "").strip(),
-            code=src.get("code", "").strip(), error_class=src.get("error_class", "").strip(),
-            age=src.get("age", ""), q=src.get("q", "").strip())
-    except ValueError as exc:
-        abort(400, str(exc))
+def _filters() -> reads.DeadFilters:
+    texts = {f.name: f.get() for f in TEXT_FILTERS}
+    return reads.DeadFilters(status=STATUS.get(), age=AGE.get(), **texts)
 
 
 def _window() -> float:
@@ -45,13 +46,13 @@ def _window() -> float:
 
 @bp.get("/dead-letters")
 @require_role("viewer")
+@accepts(*FILTERS, LIMIT, AFTER, BEFORE)
 def index() -> ResponseReturnValue:
     """Dead (or resolved) events, filtered, newest death first, keyset-paginated."""
     filters = _filters()
-    limit = int_arg("limit", 50, 1, MAX_PAGE)
+    limit = LIMIT.get()
     page = reads.dead_letters(svc().engine, filters, now=now(), window_seconds=_window(),
-                                after=cursor_arg("after"), before=cursor_arg("before"),
-                                limit=limit)
+                              after=AFTER.get(), before=BEFORE.get(), limit=limit)
     return render("dead_letters/index.html", page=page, f=filters, limit=limit,
                   ages=reads.AGES, statuses=reads.DEAD_STATUSES,
                   reasons=operations.RESOLVE_REASONS, here=request.full_path.rstrip("?"))
@@ -59,6 +60,7 @@ def index() -> ResponseReturnValue:
 
 @bp.get("/dead-letters/groups")
 @require_role("viewer")
+@accepts(*FILTERS)
 def groups() -> ResponseReturnValue:
     """The matching events grouped by error (loaded into the dead-letter page by htmx)."""
     filters = _filters()
@@ -68,10 +70,11 @@ def groups() -> ResponseReturnValue:
 
 @bp.post("/dead-letters/requeue")
 @require_role("operator")
+@accepts(IDS, NEXT, FORCE, CONFIRM_FORCE)
 def requeue() -> ResponseReturnValue:
     """Requeue the selected dead events. Those whose outcome is unknown past Stripe's 24-hour
     window need an explicit, confirmed force (the CLI's ``--force``)."""
-    ids = form_ids()
+    ids = IDS.get()
     back = _back()
     if not ids:
         flash("Select at least one event.", "error")
@@ -81,8 +84,7 @@ def requeue() -> ResponseReturnValue:
     if classes["wrong_status"] or classes["too_old"]:
         flash(_refusal(classes), "error")
         return redirect(back, code=303)
-    force = request.form.get("force") == "1"
-    if classes["force"] and not (force and request.form.get("confirm_force") == "yes"):
+    if classes["force"] and not (FORCE.get() and CONFIRM_FORCE.get()):
         return render("dead_letters/confirm_force.html", status=409, ids=ids,
                       force_ids=classes["force"], back=back)
     return _do_requeue(classes["ok"], classes["force"], back, note=None)
@@ -90,22 +92,23 @@ def requeue() -> ResponseReturnValue:
 
 @bp.post("/dead-letters/resolve")
 @require_role("operator")
+@accepts(IDS, NEXT, REASON, NOTE)
 def resolve() -> ResponseReturnValue:
     """Close the selected dead events with a reason code and a note (kept in history)."""
-    ids = form_ids()
+    ids = IDS.get()
     back = _back()
     back_to(back)
     user = current_user()
     assert user is not None
     result = operations.resolve(svc().engine, ids, actor=user.email,
-                                reason=request.form.get("reason", ""),
-                                note=request.form.get("note", "")[:2000], now=now())
+                                reason=REASON.get(), note=NOTE.get(), now=now())
     flash(f"Resolved {len(result.event_ids):,} event(s).", "ok")
     return redirect(back, code=303)
 
 
 @bp.get("/dead-letters/requeue-all")
 @require_role("operator")
+@accepts(*FILTERS)
 def requeue_all_preview() -> ResponseReturnValue:
     """What "requeue all matching" would do, with the exact ids signed into the form."""
     filters = _filters()
@@ -123,14 +126,15 @@ def requeue_all_preview() -> ResponseReturnValue:
 
 @bp.post("/dead-letters/requeue-all")
 @require_role("operator")
+@accepts(SNAPSHOT, INCLUDE_FORCED)
 def requeue_all() -> ResponseReturnValue:
     """Requeue exactly the previewed ids (and the forced ones only if confirmed)."""
     user = current_user()
     assert user is not None
-    snap = read_snapshot(SNAPSHOT_SALT, user.id)
+    snap = read_snapshot(SNAPSHOT_SALT, user.id, SNAPSHOT.get())
     ok = [int(i) for i in snap.get("ok", [])]
     forced = [int(i) for i in snap.get("force", [])]
-    if request.form.get("include_forced") != "yes":
+    if not INCLUDE_FORCED.get():
         forced = []
     back = url_for("dead_letters.index", **snap.get("filters", {}))
     if not ok and not forced:
@@ -182,5 +186,5 @@ def _ids(ids: list[int]) -> str:
 
 
 def _back() -> str:
-    return safe_next(request.form.get("next"), url_for("dead_letters.index"))
+    return safe_next(NEXT.get(), url_for("dead_letters.index"))
 

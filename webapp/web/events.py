@@ -3,7 +3,7 @@ entries touching it; and, for operators, cancelling it at Stripe within 24 hours
 
 from __future__ import annotations
 
-from flask import Blueprint, abort, flash, redirect, request, url_for
+from flask import Blueprint, abort, flash, redirect, url_for
 from flask.typing import ResponseReturnValue
 
 from ..outbox.operations import RESOLVE_REASONS
@@ -12,11 +12,15 @@ from ..read.dead_letters import check_row
 from ..read.events import EventDetail, event_detail, find_event
 from ..read.rejected import reason_text
 from ..worker import cancel_events
-from .common import arg, now, render, svc
+from .common import now, render, svc
 from .errors import back_to
+from .params import NOTE, REASON, Flag, Text, accepts
 from .security import current_user, require_role
 
 bp = Blueprint("events", __name__)
+
+CONFIRM = Flag("confirm")
+Q = Text("q", 100)
 
 
 def _detail(event_id: int) -> EventDetail:
@@ -26,7 +30,7 @@ def _detail(event_id: int) -> EventDetail:
     return detail
 
 
-@bp.get("/events/<int:event_id>")
+@bp.get("/events/<id:event_id>")
 @require_role("viewer")
 def show(event_id: int) -> ResponseReturnValue:
     """The event page (its status panel refreshes while the event is still moving)."""
@@ -44,7 +48,7 @@ def show(event_id: int) -> ResponseReturnValue:
                   stripe_mode=svc().settings.stripe_mode)
 
 
-@bp.get("/events/<int:event_id>/cancel")
+@bp.get("/events/<id:event_id>/cancel")
 @require_role("operator")
 def cancel_confirm(event_id: int) -> ResponseReturnValue:
     """What cancelling does to the invoice, before it is done."""
@@ -56,8 +60,9 @@ def cancel_confirm(event_id: int) -> ResponseReturnValue:
     return render("events/cancel.html", ev=ev, reasons=RESOLVE_REASONS)
 
 
-@bp.post("/events/<int:event_id>/cancel")
+@bp.post("/events/<id:event_id>/cancel")
 @require_role("operator")
+@accepts(CONFIRM, REASON, NOTE)
 def cancel(event_id: int) -> ResponseReturnValue:
     """Cancel the event at Stripe (a meter event adjustment), then record it."""
     user = current_user()
@@ -68,12 +73,11 @@ def cancel(event_id: int) -> ResponseReturnValue:
     if gateway is None:
         flash("STRIPE_API_KEY is not set: Stripe cannot be asked.", "error")
         return redirect(back, code=303)
-    if request.form.get("confirm") != "yes":
+    if not CONFIRM.get():
         flash("Nothing changed: tick the confirmation to cancel the event at Stripe.", "error")
         return redirect(url_for("events.cancel_confirm", event_id=event_id), code=303)
     outcome = cancel_events(svc().engine, gateway, [event_id], actor=user.email,
-                            reason=request.form.get("reason", ""),
-                            note=request.form.get("note", "")[:2000], now=now())
+                            reason=REASON.get(), note=NOTE.get(), now=now())
     if outcome.cancelled:
         flash(f"Event {event_id} is cancelled at Stripe: it will not be billed.", "ok")
     for _, why in outcome.refused:
@@ -83,9 +87,10 @@ def cancel(event_id: int) -> ResponseReturnValue:
 
 @bp.get("/events")
 @require_role("viewer")
+@accepts(Q)
 def find() -> ResponseReturnValue:
     """Jump to an event by id or by idempotency key."""
-    q = arg("q", max_len=100)
+    q = Q.get()
     if q:
         found = find_event(svc().engine, q)
         if found is not None:

@@ -12,18 +12,22 @@ from flask.typing import ResponseReturnValue
 from ..outbox import sync
 from ..read.reconciliation import reconciliation_page
 from ..worker import RECONCILE_LEASE_SECONDS, reconcile
-from .common import int_arg, render, svc
+from .common import render, svc
+from .params import MAX_ID, Int, accepts
 from .security import current_user, require_role
 
 bp = Blueprint("reconciliation", __name__)
 log = logging.getLogger(__name__)
 
+RUN = Int("run", 1, MAX_ID)
+
 
 @bp.get("/reconciliation")
 @require_role("viewer")
+@accepts(RUN)
 def index() -> ResponseReturnValue:
     """The last runs, and the mismatches of the chosen (or latest) one."""
-    run_id = int_arg("run", 0, 0, 2**62) or None
+    run_id = RUN.get()
     page = reconciliation_page(svc().engine, run_id=run_id, now=svc().clock())
     settings = svc().settings
     return render("reconciliation/index.html", page=page, pinned=run_id is not None,

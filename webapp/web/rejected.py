@@ -5,44 +5,40 @@ the form, like the dead letters' (requeue and resolve of selected events are the
 
 from __future__ import annotations
 
-from typing import Any
-
-from flask import Blueprint, abort, flash, redirect, request, url_for
+from flask import Blueprint, flash, redirect, request, url_for
 from flask.typing import ResponseReturnValue
 
 from ..outbox import operations
 from ..read import rejected as reads
 from ..read.dead_letters import MAX_BULK
 from ..read.paging import MAX_PAGE
-from .common import cursor_arg, int_arg, now, read_snapshot, render, sign_snapshot, svc
+from .common import now, read_snapshot, render, sign_snapshot, svc
 from .errors import back_to
+from .params import SNAPSHOT, Text, accepts, page_fields
 from .security import current_user, require_role
 
 bp = Blueprint("rejected", __name__)
 #: Signs the preview of a bulk requeue (see ``common.sign_snapshot``).
 SNAPSHOT_SALT = "requeue-rejected-v1"
 
+FILTERS = tuple(Text(name, 200) for name in ("tenant", "meter", "code"))
+LIMIT, AFTER, BEFORE = page_fields(50, MAX_PAGE)
 
 
-def _filters(source: Any = None) -> reads.RejectedFilters:
-    src = request.args if source is None else source
-    try:
-        return reads.RejectedFilters(tenant=src.get("tenant", "").strip(),
-                                     meter=src.get("meter", "").strip(),
-                                     code=src.get("code", "").strip())
-    except ValueError as exc:
-        abort(400, str(exc))
+def _filters() -> reads.RejectedFilters:
+    return reads.RejectedFilters(**{f.name: f.get() for f in FILTERS})
 
 
 
 @bp.get("/rejected")
 @require_role("viewer")
+@accepts(*FILTERS, LIMIT, AFTER, BEFORE)
 def index() -> ResponseReturnValue:
     """Rejected events, newest report first, with their reasons and groups."""
     filters = _filters()
-    limit = int_arg("limit", 50, 1, MAX_PAGE)
-    page = reads.rejected(svc().engine, filters, now=now(), after=cursor_arg("after"),
-                          before=cursor_arg("before"), limit=limit)
+    limit = LIMIT.get()
+    page = reads.rejected(svc().engine, filters, now=now(), after=AFTER.get(),
+                          before=BEFORE.get(), limit=limit)
     groups = reads.rejected_groups(svc().engine, filters)
     return render("rejected/index.html", page=page, groups=groups, f=filters, limit=limit,
                   reasons=operations.RESOLVE_REASONS, here=request.full_path.rstrip("?"))
@@ -50,6 +46,7 @@ def index() -> ResponseReturnValue:
 
 @bp.get("/rejected/requeue-all")
 @require_role("operator")
+@accepts(*FILTERS)
 def requeue_all_preview() -> ResponseReturnValue:
     """What "requeue all matching" would do, with the exact ids signed into the form."""
     filters = _filters()
@@ -64,11 +61,12 @@ def requeue_all_preview() -> ResponseReturnValue:
 
 @bp.post("/rejected/requeue-all")
 @require_role("operator")
+@accepts(SNAPSHOT)
 def requeue_all() -> ResponseReturnValue:
     """Requeue exactly the previewed ids, each under a new identifier."""
     user = current_user()
     assert user is not None
-    snap = read_snapshot(SNAPSHOT_SALT, user.id)
+    snap = read_snapshot(SNAPSHOT_SALT, user.id, SNAPSHOT.get())
     ids = [int(i) for i in snap.get("ok", [])]
     back = url_for("rejected.index", **snap.get("filters", {}))
     if not ids:

@@ -29,6 +29,7 @@ from flask import (
 from ..read.users import signed_in_user
 from ..services import services_of
 from ..users import ROLES, has_role, same_token
+from .params import CSRF_TOKEN
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -231,7 +232,7 @@ def init_app(app: Flask) -> None:
         # form field, or in the X-CSRF-Token header that htmx sends from <body hx-headers>.
         if request.method in ("GET", "HEAD", "OPTIONS") or request.endpoint in SIGNED_BY_STRIPE:
             return
-        sent = request.headers.get("X-CSRF-Token") or request.form.get("csrf_token")
+        sent = request.headers.get("X-CSRF-Token") or CSRF_TOKEN.parse()
         if not same_token(sent, session.get("csrf")):
             if insecure_transport():
                 abort(400, INSECURE_TRANSPORT)

@@ -5,20 +5,28 @@ from __future__ import annotations
 from datetime import date, timedelta
 from typing import Any
 
-from flask import Blueprint, abort, flash, redirect, request, url_for
+from flask import Blueprint, abort, flash, redirect, url_for
 from flask.typing import ResponseReturnValue
 
 from ..outbox.operations import set_tenant
 from ..outbox.rollups import fold_margin
 from ..read import tenants as reads
 from ..read.paging import MAX_PAGE
-from .common import csv_response, cursor_arg, date_arg, int_arg, now, render, svc
+from .common import csv_response, now, render, svc
 from .errors import back_to
+from .params import TENANT_MAX, Day, Text, accepts, page_fields
 from .security import current_user, require_role
 
 bp = Blueprint("tenants", __name__)
 
 MAX_PERIOD = timedelta(days=400)
+
+FROM = Day("from")
+TO = Day("to")
+LIMIT, AFTER, BEFORE = page_fields(50, MAX_PAGE)
+TENANT_ID = Text("tenant_id", TENANT_MAX, source="form")
+CUSTOMER = Text("stripe_customer_id", 255, source="form")
+NAME = Text("name", 200, source="form")
 
 CSV_HEADER = ["tenant_id", "tenant_name", "stripe_customer_id", "meter"] + [
     f"{status}_{what}" for status in reads.USAGE_STATUSES for what in ("events", "quantity")]
@@ -27,8 +35,8 @@ CSV_HEADER = ["tenant_id", "tenant_name", "stripe_customer_id", "meter"] + [
 def _period() -> tuple[date, date]:
     """The ``from``/``to`` dates (inclusive, UTC); this month so far by default."""
     today = now().date()
-    start = date_arg("from", reads.month_start(now())) or today
-    end = date_arg("to", today) or today
+    start = FROM.get() or reads.month_start(now())
+    end = TO.get() or today
     if end < start:
         abort(400, "the period ends before it starts")
     if end - start > MAX_PERIOD:
@@ -38,6 +46,7 @@ def _period() -> tuple[date, date]:
 
 @bp.get("/tenants")
 @require_role("viewer")
+@accepts(FROM, TO)
 def index() -> ResponseReturnValue:
     """Usage per tenant and meter for a period, and every tenant's mapping."""
     start, end = _period()
@@ -66,6 +75,7 @@ def mappings() -> ResponseReturnValue:
 
 @bp.get("/tenants.csv")
 @require_role("viewer")
+@accepts(FROM, TO)
 def export() -> ResponseReturnValue:
     """The same numbers as the tenants page, one row per tenant and meter."""
     start, end = _period()
@@ -79,28 +89,27 @@ def export() -> ResponseReturnValue:
     return csv_response(f"usage-{start.isoformat()}-{end.isoformat()}.csv", CSV_HEADER, rows)
 
 
-@bp.get("/tenants/<path:tenant_id>")
+@bp.get("/tenants/<tenant:tenant_id>")
 @require_role("viewer")
+@accepts(FROM, TO, LIMIT, AFTER, BEFORE)
 def show(tenant_id: str) -> ResponseReturnValue:
     """One tenant: its mapping, its usage by meter and its events, newest first."""
-    if len(tenant_id) > 100:
-        abort(404)
     start, end = _period()
     data = reads.tenant_detail(svc().engine, tenant_id, start=start, end=end,
-                               after=cursor_arg("after"), before=cursor_arg("before"),
-                               limit=int_arg("limit", 50, 1, MAX_PAGE))
+                               after=AFTER.get(), before=BEFORE.get(), limit=LIMIT.get())
     return render("tenants/show.html", t=data, start=start, end=end,
-                  statuses=reads.USAGE_STATUSES, limit=int_arg("limit", 50, 1, 500))
+                  statuses=reads.USAGE_STATUSES, limit=LIMIT.get())
 
 
 @bp.post("/tenants/mapping")
 @require_role("admin")
+@accepts(TENANT_ID, CUSTOMER, NAME)
 def set_mapping() -> ResponseReturnValue:
     """Map a tenant to its Stripe customer (audited). Its waiting events become sendable;
     events already attempted keep the customer fixed at their first attempt."""
-    tenant_id = request.form.get("tenant_id", "").strip()
-    customer = request.form.get("stripe_customer_id", "").strip()
-    name = request.form.get("name", "").strip()[:200] or None
+    tenant_id = TENANT_ID.get()
+    customer = CUSTOMER.get()
+    name = NAME.get() or None
     user = current_user()
     assert user is not None
     back = url_for("tenants.show", tenant_id=tenant_id) if tenant_id else url_for("tenants.index")

@@ -4,7 +4,7 @@ their sessions at once, and every one is audited."""
 
 from __future__ import annotations
 
-from flask import Blueprint, flash, redirect, request, url_for
+from flask import Blueprint, flash, redirect, url_for
 from flask.typing import ResponseReturnValue
 
 from ..read.users import users_list
@@ -19,9 +19,14 @@ from ..users import (
 )
 from .common import now, render, svc
 from .errors import back_to
+from .params import Text, accepts
 from .security import current_user, require_role
 
 bp = Blueprint("users", __name__)
+
+EMAIL = Text("email", 254, source="form")
+ROLE = Text("role", 20, source="form")
+PASSWORD = Text("password", 1024, source="form", strip=False)
 
 
 @bp.get("/users")
@@ -33,21 +38,22 @@ def index() -> ResponseReturnValue:
 
 @bp.post("/users")
 @require_role("admin")
+@accepts(EMAIL, ROLE, PASSWORD)
 def create() -> ResponseReturnValue:
     """Create a user with a role and an initial password (they can change it from their
     account page)."""
-    email = request.form.get("email", "").strip()
-    role = request.form.get("role", "")
+    email = EMAIL.get()
+    role = ROLE.get()
     admin = current_user()
     assert admin is not None
     back_to(url_for("users.index"))
-    create_user(svc().engine, email, request.form.get("password", ""), role, now=now(),
+    create_user(svc().engine, email, PASSWORD.get(), role, now=now(),
                 actor=admin.email)
     flash(f"Created {email.lower()} ({role}).", "ok")
     return redirect(url_for("users.index"), code=303)
 
 
-@bp.post("/users/<int:user_id>/deactivate")
+@bp.post("/users/<id:user_id>/deactivate")
 @require_role("admin")
 def deactivate(user_id: int) -> ResponseReturnValue:
     """Deactivate a user: their sessions end at their next request."""
@@ -59,7 +65,7 @@ def deactivate(user_id: int) -> ResponseReturnValue:
     return _set_active(user_id, False)
 
 
-@bp.post("/users/<int:user_id>/activate")
+@bp.post("/users/<id:user_id>/activate")
 @require_role("admin")
 def activate(user_id: int) -> ResponseReturnValue:
     return _set_active(user_id, True)
@@ -84,8 +90,9 @@ def _admin_other(user_id: int, verb: str) -> str | None:
     return None
 
 
-@bp.post("/users/<int:user_id>/role")
+@bp.post("/users/<id:user_id>/role")
 @require_role("admin")
+@accepts(ROLE)
 def change_role(user_id: int) -> ResponseReturnValue:
     """Give a user another role; their sessions end so the new role applies at once."""
     refusal = _admin_other(user_id, "change the role of")
@@ -94,13 +101,13 @@ def change_role(user_id: int) -> ResponseReturnValue:
         return redirect(url_for("users.index"), code=303)
     admin = current_user()
     assert admin is not None
-    role = request.form.get("role", "")
+    role = ROLE.get()
     email = set_role(svc().engine, user_id, role, now=now(), actor=admin.email)
     flash(f"{email} is now {role}; their sessions have ended.", "ok")
     return redirect(url_for("users.index"), code=303)
 
 
-@bp.post("/users/<int:user_id>/end-sessions")
+@bp.post("/users/<id:user_id>/end-sessions")
 @require_role("admin")
 def end_user_sessions(user_id: int) -> ResponseReturnValue:
     """Sign a user out everywhere (a lost laptop, a shared screen)."""
@@ -115,7 +122,7 @@ def end_user_sessions(user_id: int) -> ResponseReturnValue:
     return redirect(url_for("users.index"), code=303)
 
 
-@bp.post("/users/<int:user_id>/reset-password")
+@bp.post("/users/<id:user_id>/reset-password")
 @require_role("admin")
 def reset(user_id: int) -> ResponseReturnValue:
     """A new random password, shown once on this page (never put in a cookie or a log); the
