@@ -80,8 +80,9 @@ def test_open_redirects_are_refused(client_as, users) -> None:
         token = CSRF_RE.search(page.get_data(as_text=True)).group(1)
         resp = client.post("/login", data={"email": users["viewer"], "password": PASSWORD,
                                            "csrf_token": token, "next": target})
-        assert resp.status_code == 303
-        assert resp.headers["Location"] == "/", target
+        # Sent to the Overview, or refused outright (a control character): never elsewhere.
+        assert resp.status_code in (303, 400), target
+        assert resp.headers.get("Location", "/") == "/", target
 
 
 def test_login_starts_a_fresh_session(client_as, users) -> None:
