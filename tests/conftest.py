@@ -24,7 +24,6 @@ from sqlalchemy import Engine, create_engine, text
 
 from webapp.config import Settings
 from webapp.db import make_engine
-from webapp.migrate import upgrade
 
 ROOT = Path(__file__).resolve().parent.parent
 PG_URL = os.environ.get("TEST_DATABASE_URL",
@@ -63,15 +62,20 @@ def pg_schema_url(schema: str) -> str:
     return f"{PG_URL}{sep}options={quote(f'-csearch_path={schema}')}"
 
 
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """One SQLite file migrated by a real upgrade, made on first use; each test gets a copy
+    (``support.databases``)."""
+    from support.databases import SqliteTemplate
+
+    return SqliteTemplate(tmp_path_factory.mktemp("sqlite-template"))
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+def db_url(request: pytest.FixtureRequest, tmp_path: Path, sqlite_template: Any) -> Iterator[str]:
     """A migrated, empty database on each backend."""
     if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'outbox.sqlite3'}"
-        engine = make_engine(url)
-        upgrade(engine)
-        engine.dispose()
-        yield url
+        yield sqlite_template.copy_to(tmp_path / "outbox.sqlite3")
         return
     yield from _pg_database()
 
@@ -91,30 +95,39 @@ def pg(pg_url: str) -> Iterator[Engine]:
 
 
 @pytest.fixture
-def sqlite_url(tmp_path: Path) -> str:
-    url = f"sqlite:///{tmp_path / 'outbox.sqlite3'}"
-    engine = make_engine(url)
-    upgrade(engine)
-    engine.dispose()
-    return url
+def sqlite_url(tmp_path: Path, sqlite_template: Any) -> str:
+    """A migrated, empty SQLite database: a copy of the session's template file."""
+    return str(sqlite_template.copy_to(tmp_path / "outbox.sqlite3"))
+
+
+def _pg_template() -> Any:
+    global _PG_TEMPLATE
+    if _PG_TEMPLATE is None:
+        from support.databases import PgTemplate
+
+        _PG_TEMPLATE = PgTemplate(PG_URL, pg_schema_url)
+    return _PG_TEMPLATE
+
+
+_PG_TEMPLATE: Any = None
 
 
 def _pg_database() -> Iterator[str]:
+    """A new schema at head (the session's recorded upgrade replayed, ``support.databases``);
+    dropped when the generator is closed."""
     require_postgres()
     schema = f"t_{secrets.token_hex(6)}"
-    admin = create_engine(PG_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    url = pg_schema_url(schema)
-    engine = make_engine(url)
-    upgrade(engine)
-    engine.dispose()
+    template = _pg_template()
+    template.create(schema)
     try:
-        yield url
+        yield pg_schema_url(schema)
     finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
+        template.drop(schema)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _PG_TEMPLATE is not None:
+        _PG_TEMPLATE.dispose()
 
 
 @pytest.fixture
