@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import jinja2
+import jinja2.bccache
 import pytest
 from sqlalchemy import Engine, create_engine, text
 
 from webapp.config import Settings
 from webapp.db import make_engine
-from webapp.migrate import upgrade
 
 ROOT = Path(__file__).resolve().parent.parent
 PG_URL = os.environ.get("TEST_DATABASE_URL",
@@ -63,15 +64,20 @@ def pg_schema_url(schema: str) -> str:
     return f"{PG_URL}{sep}options={quote(f'-csearch_path={schema}')}"
 
 
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """One SQLite file migrated by a real upgrade, made on first use; each test gets a copy
+    (``support.databases``)."""
+    from support.databases import SqliteTemplate
+
+    return SqliteTemplate(tmp_path_factory.mktemp("sqlite-template"))
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+def db_url(request: pytest.FixtureRequest, tmp_path: Path, sqlite_template: Any) -> Iterator[str]:
     """A migrated, empty database on each backend."""
     if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'outbox.sqlite3'}"
-        engine = make_engine(url)
-        upgrade(engine)
-        engine.dispose()
-        yield url
+        yield sqlite_template.copy_to(tmp_path / "outbox.sqlite3")
         return
     yield from _pg_database()
 
@@ -91,30 +97,75 @@ def pg(pg_url: str) -> Iterator[Engine]:
 
 
 @pytest.fixture
-def sqlite_url(tmp_path: Path) -> str:
-    url = f"sqlite:///{tmp_path / 'outbox.sqlite3'}"
-    engine = make_engine(url)
-    upgrade(engine)
-    engine.dispose()
-    return url
+def sqlite_url(tmp_path: Path, sqlite_template: Any) -> str:
+    """A migrated, empty SQLite database: a copy of the session's template file."""
+    return str(sqlite_template.copy_to(tmp_path / "outbox.sqlite3"))
+
+
+def _pg_template() -> Any:
+    global _PG_TEMPLATE
+    if _PG_TEMPLATE is None:
+        from support.databases import PgTemplate
+
+        _PG_TEMPLATE = PgTemplate(PG_URL, pg_schema_url)
+    return _PG_TEMPLATE
+
+
+_PG_TEMPLATE: Any = None
 
 
 def _pg_database() -> Iterator[str]:
+    """A new schema at head (the session's recorded upgrade replayed, ``support.databases``);
+    dropped when the generator is closed."""
     require_postgres()
     schema = f"t_{secrets.token_hex(6)}"
-    admin = create_engine(PG_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    url = pg_schema_url(schema)
-    engine = make_engine(url)
-    upgrade(engine)
-    engine.dispose()
+    template = _pg_template()
+    template.create(schema)
     try:
-        yield url
+        yield pg_schema_url(schema)
     finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
+        template.drop(schema)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _PG_TEMPLATE is not None:
+        _PG_TEMPLATE.dispose()
+
+
+class _SharedTemplateCode(jinja2.BytecodeCache):
+    """Jinja's compiled templates, kept in memory for the whole session. Each test builds its
+    own Flask app, whose Jinja environment compiled every template it rendered again (about
+    0.1 s a test); with this cache it loads the code compiled by an earlier app. Keyed by
+    template name and checked against the source's checksum by Jinja itself, so a changed
+    template is compiled afresh; rendering is unchanged."""
+
+    def __init__(self) -> None:
+        self._code: dict[str, bytes] = {}
+
+    def load_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+        code = self._code.get(bucket.key)
+        if code is not None:
+            bucket.bytecode_from_string(code)
+
+    def dump_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+        self._code[bucket.key] = bucket.bytecode_to_string()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_template_code() -> Iterator[None]:
+    from flask import Flask
+
+    cache = _SharedTemplateCode()
+    create = Flask.create_jinja_environment
+
+    def create_with_cache(self: Flask) -> Any:
+        env = create(self)
+        env.bytecode_cache = cache
+        return env
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Flask, "create_jinja_environment", create_with_cache)
+        yield
 
 
 @pytest.fixture
