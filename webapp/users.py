@@ -47,6 +47,10 @@ class UserError(ValueError):
     """Bad input for a user; the message says which."""
 
 
+class WrongPassword(UserError):
+    """The current password given to confirm a change was not the user's."""
+
+
 def password_problem(password: str, email: str = "") -> str | None:
     """Why ``password`` is too weak, in plain words; None when it will do."""
     if len(password) < MIN_PASSWORD:
@@ -166,7 +170,7 @@ def change_password(engine: Engine, user_id: int, current: str, new: str, *,
     if user is None or not user.active:
         raise UserError("This account no longer exists or is deactivated.")
     if not check_password_hash(user.password_hash, current[:MAX_PASSWORD]):
-        raise UserError("The current password is not right.")
+        raise WrongPassword("The current password is not right.")
     if hmac.compare_digest(current.encode(), new.encode()):
         raise UserError("The new password must differ from the current one.")
     problem = password_problem(new, user.email)

@@ -56,8 +56,11 @@ def test_five_failures_lock_the_account_and_the_right_password_waits(app, users,
     # Another address, the right password: still refused while the account is locked.
     right = login(client_from(app, "198.51.100.9"), email, PASSWORD)
     assert right.status_code == 429 and "Retry-After" in right.headers
-    assert audit(engine, email) == ["login_failure"] * 5 + ["login_lockout",
-                                                            "login_refused_locked"]
+    # Audited when the lock is set; refused tries while locked add no row each.
+    assert audit(engine, email) == ["login_failure"] * 5 + ["login_lockout"]
+    for _ in range(10):
+        assert login(client, email, "still-guessing").status_code == 429
+    assert len(audit(engine, email)) == 6
 
     # Once the lock has passed, the right password gets in and the count starts again.
     start = utcnow()
@@ -155,3 +158,31 @@ def test_throttling_holds_across_two_gunicorn_workers(pg_url: str, tmp_path: Pat
              if " POST /login " in line]
     pids = {p[0] for p in posts if len(p) == 4 and p[3] in ("401", "429")}
     assert len(pids) == 2, f"both workers answered log-ins: {pids}"
+
+
+def test_guessing_the_current_password_on_the_password_form_is_throttled(app, client_as, users,
+                                                                         engine) -> None:
+    """A session alone (a copied cookie, an unlocked laptop) is no way to guess the password:
+    the form's current-password check counts against the account like a log-in."""
+    from .conftest import csrf_of
+
+    email = users["operator"]
+    me = client_as("operator")
+    codes = []
+    for i in range(login_throttle.ACCOUNT.failures + 1):
+        resp = me.post("/account/password", data={
+            "csrf_token": csrf_of(me), "current_password": f"guess-{i}-xxxxxxx",
+            "new_password": "amber-falcon-orchard-71",
+            "confirm_password": "amber-falcon-orchard-71"})
+        codes.append(resp.status_code)
+    assert codes == [400] * (login_throttle.ACCOUNT.failures - 1) + [429, 429]
+    assert "Try again in 15 minutes" in resp.get_data(as_text=True)
+    assert "Retry-After" in resp.headers
+    # The right current password waits too, and so does a log-in to that account.
+    right = me.post("/account/password", data={
+        "csrf_token": csrf_of(me), "current_password": PASSWORD,
+        "new_password": "amber-falcon-orchard-71", "confirm_password": "amber-falcon-orchard-71"})
+    assert right.status_code == 429
+    assert login(client_from(app, "198.51.100.20"), email).status_code == 429
+    assert audit(engine, email).count("password_change_failure") == login_throttle.ACCOUNT.failures
+    assert "login_lockout" in audit(engine, email)

@@ -15,7 +15,8 @@ from .paging import MAX_PAGE
 
 #: Sign-in events: kept in the same log, shown on their own ("sign-ins") so a day of log-ins
 #: does not bury the actions taken on events.
-SIGN_IN_ACTIONS = ("login", "login_failure", "login_lockout", "login_refused_locked", "logout")
+SIGN_IN_ACTIONS = ("login", "login_failure", "login_lockout", "logout",
+                   "password_change_failure")
 #: A condition: the entry is not a sign-in event.
 NOT_SIGN_IN = AUDIT.c.action.not_in(SIGN_IN_ACTIONS)
 #: ``action`` values that name a group rather than one action.

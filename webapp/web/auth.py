@@ -12,7 +12,14 @@ from flask.typing import ResponseReturnValue
 from .. import login_throttle as throttle
 from ..audit import write_audit
 from ..read.users import user_count
-from ..users import UserError, authenticate, change_password, end_sessions, record_login
+from ..users import (
+    UserError,
+    WrongPassword,
+    authenticate,
+    change_password,
+    end_sessions,
+    record_login,
+)
 from .common import now, render, svc
 from .params import Text, accepts
 from .security import (
@@ -54,9 +61,8 @@ def login() -> ResponseReturnValue:
 
     locked = throttle.locked_until(engine, keys, now=when)
     if locked is not None:
-        with engine.begin() as conn:
-            write_audit(conn, actor=actor, action="login_refused_locked",
-                        note=f"from {address}; locked until {locked.isoformat()}", now=when)
+        # Audited once, when the lock was set: one row per refused try would let anyone grow
+        # the audit log without end.
         return _too_many(email, target, locked, when)
 
     user = authenticate(engine, email, password)
@@ -127,14 +133,41 @@ def password() -> ResponseReturnValue:
     if new != CONFIRM_PASSWORD.get():
         return render("auth/password.html", status=400, forced=_forced(),
                       error="The new password and its confirmation differ.")
+    # The current password is checked like a log-in: a session alone (a copied cookie, an
+    # unlocked laptop) must not be a way to guess it without limit.
+    engine, when, key = svc().engine, now(), throttle.account_key(user.email)
+    locked = throttle.locked_until(engine, [key], now=when)
+    if locked is not None:
+        return _too_many_changes(locked, when)
     try:
-        generation = change_password(svc().engine, user.id,
-                                     CURRENT_PASSWORD.get(), new, now=now())
+        generation = change_password(engine, user.id, CURRENT_PASSWORD.get(), new, now=when)
+    except WrongPassword as exc:
+        with engine.begin() as conn:
+            write_audit(conn, actor=user.email, action="password_change_failure",
+                        note="wrong current password", now=when)
+            until = throttle.record_failure(conn, key, throttle.ACCOUNT, now=when)
+            if until is not None:
+                write_audit(conn, actor=user.email, action="login_lockout",
+                            note=f"{key} locked until {until.isoformat()} after repeated "
+                                 "wrong current passwords", now=when)
+        if until is not None:
+            return _too_many_changes(until, when)
+        return render("auth/password.html", status=400, error=str(exc), forced=_forced())
     except UserError as exc:
         return render("auth/password.html", status=400, error=str(exc), forced=_forced())
     sign_in(user.id, generation)  # this session goes on; every other one has ended
     flash("Password changed. Every other session of yours has been signed out.", "ok")
     return redirect(url_for("dashboard.overview"), code=303)
+
+
+def _too_many_changes(until: datetime, when: datetime) -> Response:
+    seconds = max(1, math.ceil((until - when).total_seconds()))
+    minutes = max(1, math.ceil(seconds / 60))
+    resp = render("auth/password.html", status=429, forced=_forced(),
+                  error=f"Too many wrong current passwords. Try again in {minutes} minute"
+                        f"{'s' if minutes != 1 else ''}.")
+    resp.headers["Retry-After"] = str(seconds)
+    return resp
 
 
 def _forced() -> bool:
