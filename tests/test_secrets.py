@@ -32,7 +32,9 @@ STRONG = secrets.token_urlsafe(48)
     ("x" * 48, "one character repeated"),
     ("changeme-changeme-changeme-changeme", "placeholder"),
     ("your-secret-key-goes-here-0123456789", "placeholder"),
-    ("abababababababababababababababab", "different characters"),
+    ("abababababababababababababababab", "block of 2 characters repeated"),
+    ("abcdefghabcdefghabcdefghabcdefgh", "block of 8 characters repeated"),
+    ("aabbccddeeffggaabbccddeeffggabcdefg", "only 7 different characters"),
 ])
 def test_a_weak_secret_key_stops_start_up_naming_it(key: str, names: str,
                                                     tmp_path, monkeypatch) -> None:

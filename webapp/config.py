@@ -131,7 +131,7 @@ class Settings:
                                                low=0.0, high=30 * 86_400),
             reconcile_settle_seconds=_number(env, "RECONCILE_SETTLE_SECONDS", 3600.0,
                                              low=0.0, high=7 * 86_400),
-            session_idle_seconds=_number(env, "SESSION_IDLE_TIMEOUT_SECONDS", 3600.0, low=60.0,
+            session_idle_seconds=_number(env, "SESSION_IDLE_TIMEOUT_SECONDS", 3600.0, low=300.0,
                                          high=30 * 86_400),
             session_max_age_seconds=_number(env, "SESSION_MAX_AGE_SECONDS", 12 * 3600.0,
                                             low=300.0, high=90 * 86_400),
@@ -242,6 +242,9 @@ def secret_key_problem(key: str) -> str | None:
         return f"SECRET_KEY is too short ({len(key.encode())} bytes; at least 32 are needed)"
     if len(set(key)) == 1:
         return "SECRET_KEY is one character repeated"
+    for size in range(1, len(key) // 2 + 1):
+        if len(key) % size == 0 and key == key[:size] * (len(key) // size):
+            return f"SECRET_KEY is one block of {size} characters repeated"
     if len(set(key)) < 8:
         return f"SECRET_KEY uses only {len(set(key))} different characters"
     squashed = "".join(ch for ch in key.lower() if ch.isalnum())

@@ -10,6 +10,7 @@ import secrets
 from datetime import datetime
 
 from sqlalchemy import Connection, Engine, insert, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from werkzeug.security import check_password_hash, generate_password_hash
 
@@ -88,6 +89,14 @@ def create_user(engine: Engine, email: str, password: str, role: str, *, now: da
     problem = password_problem(password, email)
     if problem:
         raise UserError(problem)
+    try:
+        return _insert_user(engine, email, password, role, now=now, actor=actor)
+    except IntegrityError:  # the same email created at the same moment (a double click)
+        raise UserError(f"a user {email} already exists") from None
+
+
+def _insert_user(engine: Engine, email: str, password: str, role: str, *, now: datetime,
+                 actor: str | None) -> int:
     with engine.begin() as conn:
         exists = conn.execute(select(User.id).where(User.email == email)).first()
         if exists:

@@ -333,3 +333,17 @@ def test_search_text_is_literal_and_ignores_ascii_case(engine, seed, now) -> Non
     assert found("meter%events") == set()
     assert found("order-7/usage") == {c}
     assert found("//") == set()
+
+
+def test_a_refusal_naming_thousands_of_ids_still_reaches_the_page(client_as, seed) -> None:
+    """The refusal travels as a flash message in the session cookie: shortened, so the
+    browser keeps the cookie (it drops one over about 4 KB) and the person sees why."""
+    client = client_as("operator")
+    token = csrf_of(client, "/dead-letters")
+    ids = [str(900_000 + i) for i in range(3000)]
+    resp = client.post("/dead-letters/resolve", data={
+        "ids": ids, "csrf_token": token, "reason": "other", "note": "nothing here"})
+    assert resp.status_code == 303
+    assert len(resp.headers.get("Set-Cookie", "")) < 4000
+    page = client.get(resp.headers["Location"]).get_data(as_text=True)
+    assert "Nothing changed" in page and "(shortened)" in page

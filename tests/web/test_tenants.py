@@ -264,3 +264,23 @@ def test_page_says_how_fresh_the_rollups_are(client_as, seed, engine, now) -> No
     html = client.get("/tenants").get_data(as_text=True)
     assert 'id="rollup-freshness"' not in html
     assert "sent totals summarised up to" in html
+
+
+def test_a_new_tenant_mapped_twice_at_once_is_refused_not_a_500(engine) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from webapp.outbox.operations import OperationError, set_tenant
+
+    def attempt(i: int) -> str:
+        try:
+            set_tenant(engine, "raced", stripe_customer_id=f"cus_R{i}", name=None,
+                       now=utcnow(), actor="admin@example.com")
+            return "mapped"
+        except OperationError as exc:
+            return str(exc)
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(pool.map(attempt, range(8)))
+    assert "mapped" in results
+    assert all(r == "mapped" or "mapped by someone else at the same moment" in r
+               for r in results), results

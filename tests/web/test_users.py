@@ -68,3 +68,26 @@ def test_admin_cannot_lock_themselves_out(client_as, engine, users, seed) -> Non
     assert admin.post("/users/99999/deactivate",
                       data={"csrf_token": csrf_of(admin)}).status_code == 303
     assert seed.snapshot() == before
+
+
+def test_the_same_user_created_at_once_is_refused_not_a_500(engine) -> None:
+    """A double click on Create: one user, the other click told it exists (was an
+    IntegrityError, a 500, on PostgreSQL)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from webapp.models import utcnow
+    from webapp.users import UserError, create_user
+
+    def attempt(_: int) -> str:
+        try:
+            create_user(engine, "twice@example.com", "amber-falcon-orchard-71", "viewer",
+                        now=utcnow())
+            return "created"
+        except UserError as exc:
+            return str(exc)
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(pool.map(attempt, range(8)))
+    assert results.count("created") == 1
+    assert all(r == "a user twice@example.com already exists" for r in results
+               if r != "created")

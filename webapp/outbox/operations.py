@@ -14,6 +14,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, func, insert, select
 from sqlalchemy import update as sa_update
+from sqlalchemy.exc import IntegrityError
 
 from ..audit import write_audit
 from ..db import reading as reading_conn
@@ -78,6 +79,17 @@ def set_tenant(engine: Engine, tenant_id: str, *, stripe_customer_id: str | None
         raise OperationError(f"a Stripe customer id is at most "
                              f"{limit_of(TENANTS.c.stripe_customer_id)} printable characters")
     name = fit(TENANTS.c.name, name)
+    try:
+        _save_tenant(engine, tenant_id, stripe_customer_id=stripe_customer_id, name=name,
+                     now=now, actor=actor)
+    except IntegrityError:
+        # Two people (or a double click) mapping a new tenant at once: the other one won.
+        raise OperationError(f"tenant {tenant_id} was mapped by someone else at the same "
+                             "moment; reload the page to see its mapping") from None
+
+
+def _save_tenant(engine: Engine, tenant_id: str, *, stripe_customer_id: str | None,
+                 name: str | None, now: datetime, actor: str | None) -> None:
     with engine.begin() as conn:
         current = conn.execute(select(TENANTS.c.tenant_id)
                                .where(TENANTS.c.tenant_id == tenant_id)).first()

@@ -41,7 +41,11 @@ def init_app(app: Flask) -> None:
     def refused(exc: Exception) -> ResponseReturnValue:
         back = g.get("back")
         if back is not None and request.method == "POST" and not is_htmx():
-            flash(f"Nothing changed: {exc}", "error")
+            # Kept short: the message travels in the session cookie (browsers drop ~4 KB+).
+            message = str(exc)
+            if len(message) > 500:
+                message = message[:480].rstrip() + "… (shortened)"
+            flash(f"Nothing changed: {message}", "error")
             return redirect(back, code=303)
         return _answer(409, "Refused", f"Nothing changed: {exc}")
 
