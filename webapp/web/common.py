@@ -123,6 +123,7 @@ def csv_response(filename: str, header: list[str], rows: Iterable[list[Any]]) ->
 #: separator (``;``, ``,``, tab, CR, newline), followed by ``=``, ``+``, ``-``, ``@``, tab or
 #: CR. The lookahead consumes nothing, so a run of separators is defused at each of them.
 _FORMULA_START = re.compile(r"(^|[;,\t\r\n])(?=[=+\-@\t\r])")
+_TRIGGER = re.compile(r"[=+\-@\t\r]")
 
 
 def _cell(value: Any) -> Any:
@@ -132,5 +133,8 @@ def _cell(value: Any) -> Any:
     if isinstance(value, int | float | Decimal) and not isinstance(value, bool):
         return value
     if isinstance(value, datetime):
-        value = value.astimezone(UTC).isoformat()
-    return _FORMULA_START.sub(r"\1'", str(value))
+        return value.astimezone(UTC).isoformat()  # starts with a digit, no separator in it
+    text = str(value)
+    # Most cells hold no trigger character at all: one scan of a character class, instead of
+    # the lookahead at every separator (ids joined by commas made the audit CSV 3× slower).
+    return _FORMULA_START.sub(r"\1'", text) if _TRIGGER.search(text) else text
