@@ -87,7 +87,7 @@ def test_admin_ends_a_users_sessions_from_the_users_page(app, client_as, users,
     assert admin.get("/").status_code == 200
     resp = admin.post(f"/users/{user_id(engine, users['admin'])}/end-sessions",
                       data={"csrf_token": csrf_of(admin)}, follow_redirects=True)
-    assert "You cannot end the sessions of yourself" in resp.get_data(as_text=True)
+    assert "you cannot end the sessions of yourself" in resp.get_data(as_text=True)
 
 
 def test_admin_changes_a_role_from_the_page(app, client_as, users, engine) -> None:

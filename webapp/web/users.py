@@ -11,6 +11,7 @@ from ..read.users import users_list
 from ..users import (
     MIN_PASSWORD,
     ROLES,
+    UserError,
     create_user,
     end_sessions,
     reset_password,
@@ -80,14 +81,16 @@ def _set_active(user_id: int, active: bool) -> ResponseReturnValue:
     return redirect(url_for("users.index"), code=303)
 
 
-def _admin_other(user_id: int, verb: str) -> str | None:
-    """Why the signed-in admin may not ``verb`` this user from the page (themselves)."""
+def _acting_admin(user_id: int, verb: str) -> str:
+    """The signed-in admin's email, for an action on ``user_id``; refused (a message on the
+    users page, nothing changed) when it is the admin themselves."""
     admin = current_user()
     assert admin is not None
     back_to(url_for("users.index"))
     if user_id == admin.id:
-        return f"You cannot {verb} yourself here; use your account page or another admin."
-    return None
+        raise UserError(f"you cannot {verb} yourself here; use your account page or another "
+                        "admin")
+    return admin.email
 
 
 @bp.post("/users/<id:user_id>/role")
@@ -95,14 +98,9 @@ def _admin_other(user_id: int, verb: str) -> str | None:
 @accepts(ROLE)
 def change_role(user_id: int) -> ResponseReturnValue:
     """Give a user another role; their sessions end so the new role applies at once."""
-    refusal = _admin_other(user_id, "change the role of")
-    if refusal:
-        flash(refusal, "error")
-        return redirect(url_for("users.index"), code=303)
-    admin = current_user()
-    assert admin is not None
+    actor = _acting_admin(user_id, "change the role of")
     role = ROLE.get()
-    email = set_role(svc().engine, user_id, role, now=now(), actor=admin.email)
+    email = set_role(svc().engine, user_id, role, now=now(), actor=actor)
     flash(f"{email} is now {role}; their sessions have ended.", "ok")
     return redirect(url_for("users.index"), code=303)
 
@@ -111,13 +109,8 @@ def change_role(user_id: int) -> ResponseReturnValue:
 @require_role("admin")
 def end_user_sessions(user_id: int) -> ResponseReturnValue:
     """Sign a user out everywhere (a lost laptop, a shared screen)."""
-    refusal = _admin_other(user_id, "end the sessions of")
-    if refusal:
-        flash(refusal, "error")
-        return redirect(url_for("users.index"), code=303)
-    admin = current_user()
-    assert admin is not None
-    email = end_sessions(svc().engine, user_id, now=now(), actor=admin.email)
+    actor = _acting_admin(user_id, "end the sessions of")
+    email = end_sessions(svc().engine, user_id, now=now(), actor=actor)
     flash(f"Every session of {email} has ended.", "ok")
     return redirect(url_for("users.index"), code=303)
 
@@ -127,11 +120,6 @@ def end_user_sessions(user_id: int) -> ResponseReturnValue:
 def reset(user_id: int) -> ResponseReturnValue:
     """A new random password, shown once on this page (never put in a cookie or a log); the
     user must change it at their next log-in."""
-    refusal = _admin_other(user_id, "reset the password of")
-    if refusal:
-        flash(refusal, "error")
-        return redirect(url_for("users.index"), code=303)
-    admin = current_user()
-    assert admin is not None
-    email, password = reset_password(svc().engine, user_id, now=now(), actor=admin.email)
+    actor = _acting_admin(user_id, "reset the password of")
+    email, password = reset_password(svc().engine, user_id, now=now(), actor=actor)
     return render("users/reset.html", email=email, password=password)
