@@ -214,10 +214,9 @@ def user_id_by_email(engine: Engine, email: str) -> int:
     return int(found)
 
 
-def record_login(engine: Engine, user_id: int, *, now: datetime) -> None:
-    """Remember when a user last signed in (shown on the users page)."""
-    with engine.begin() as conn:
-        conn.execute(update(User).where(User.id == user_id).values(last_login_at=now))
+def record_login(conn: Connection, user_id: int, *, now: datetime) -> None:
+    """Remember, in the caller's transaction, when a user last signed in (users page)."""
+    conn.execute(update(User).where(User.id == user_id).values(last_login_at=now))
 
 
 def has_role(role: str | None, needed: str) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -84,4 +85,29 @@ def client_as(app: Flask, users: dict[str, str]) -> Callable[[str | None], Flask
     return make
 
 
-__all__ = ["PASSWORD", "ROLES", "csrf_of", "login"]
+def seed_every_kind(seed: Any, now: Any) -> dict[str, Any]:
+    """A bit of every kind of row (sent rows and calls old enough to fold, dead, resolved,
+    rejected, cancelled, Stripe's side, waiting and claimed): the dead event's id, the newest
+    sent one's (``sent``) and a mapped tenant."""
+    long_ago = now - timedelta(hours=3)
+    seed.tenant("acme", "cus_acme", "Acme")
+    seed.tenant("initech", None)
+    for i in seed.events(3, status="sent", sent_at=long_ago, occurred_at=long_ago):
+        seed.attempt(i, attempted_at=long_ago)
+    dead = seed.event(status="dead", idempotency_key="order:1")
+    seed.events(2, status="dead", tenant_id="initech")
+    seed.event(status="resolved")
+    seed.event(status="rejected", rejected_at=now, reject_code="meter_event_customer_not_found",
+               reject_message="No such customer: 'cus_acme'", sent_at=long_ago)
+    seed.event(status="cancelled", cancelled_at=now, cancel_reason="duplicate",
+               cancelled_by="ops@example.com", sent_at=long_ago)
+    sent = seed.event(status="sent", sent_at=now)
+    seed.stripe_history(now)
+    seed.event(status="retrying")
+    seed.event(status="pending", tenant_id="initech")
+    seed.event(status="processing", processing_deadline_at=now + timedelta(minutes=1),
+               claim_token="t", claimed_by="h:1:ab")
+    return {"event_id": dead, "sent": sent, "tenant_id": "acme"}
+
+
+__all__ = ["PASSWORD", "ROLES", "csrf_of", "login", "seed_every_kind"]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from datetime import timedelta
 from typing import Any
 from urllib.parse import quote
 
@@ -29,7 +28,7 @@ from webapp.services import services_of
 from webapp.users import create_user
 from webapp.web.params import declared
 
-from .conftest import PASSWORD, csrf_of, login
+from .conftest import PASSWORD, csrf_of, login, seed_every_kind
 
 #: (label, the value as it goes on the wire: already percent-encoded where it must be).
 HOSTILE: list[tuple[str, str]] = [
@@ -60,26 +59,9 @@ ID_SENTINEL, TENANT_SENTINEL = 424242424242, "tenant-sentinel"
 def seed_rows(seed: Any, engine: Engine) -> dict[str, Any]:
     """A bit of every kind of row, so pages, filters and actions take their real paths."""
     now = utcnow()
-    long_ago = now - timedelta(hours=3)
-    seed.tenant("acme", "cus_acme", "Acme")
-    seed.tenant("initech", None)
-    for i in seed.events(2, status="sent", sent_at=long_ago, occurred_at=long_ago):
-        seed.attempt(i, attempted_at=long_ago)
-    dead = seed.event(status="dead", idempotency_key="order:1")
-    seed.events(2, status="dead", tenant_id="initech")
-    seed.event(status="resolved")
-    seed.event(status="rejected", rejected_at=now, reject_code="meter_event_customer_not_found",
-               reject_message="No such customer", sent_at=long_ago)
-    seed.event(status="cancelled", cancelled_at=now, cancel_reason="duplicate",
-               cancelled_by="ops@example.com", sent_at=long_ago)
-    sent = seed.event(status="sent", sent_at=now)
-    seed.stripe_history(now)
-    seed.event(status="retrying")
-    seed.event(status="pending", tenant_id="initech")
-    seed.event(status="processing", processing_deadline_at=now + timedelta(minutes=1),
-               claim_token="t", claimed_by="h:1:ab")
+    rows = seed_every_kind(seed, now)
     spare = create_user(engine, "spare@example.com", PASSWORD, "viewer", now=now)
-    return {"event_id": dead, "sent_id": sent, "tenant_id": "acme", "user_id": spare}
+    return {**rows, "sent_id": rows["sent"], "user_id": spare}
 
 
 class Session:

@@ -20,7 +20,7 @@ from sqlalchemy import Engine, event, select, text
 
 from webapp.models import Base
 
-from .conftest import login
+from .conftest import login, seed_every_kind
 
 #: Extra query strings per endpoint: the heavier variants people use.
 VARIANTS: dict[str, list[str]] = {
@@ -64,25 +64,7 @@ def table_fingerprints(engine: Engine) -> dict[str, tuple[int, str]]:
 def populated(seed: Any, now: Any) -> dict[str, Any]:
     """A bit of everything, with sent rows and calls old enough that a fold would move them
     into the rollups (so a page that folded would change a table)."""
-    long_ago = now - timedelta(hours=3)
-    seed.tenant("acme", "cus_acme", "Acme")
-    seed.tenant("initech", None)
-    sent = seed.events(3, status="sent", sent_at=long_ago, occurred_at=long_ago)
-    for i in sent:
-        seed.attempt(i, attempted_at=long_ago)
-    dead = seed.event(status="dead", idempotency_key="order:1")
-    seed.event(status="resolved")
-    seed.event(status="rejected", rejected_at=now, reject_code="meter_event_customer_not_found",
-               reject_message="No such customer: 'cus_acme'", sent_at=long_ago)
-    seed.event(status="cancelled", cancelled_at=now, cancel_reason="duplicate",
-               cancelled_by="ops@example.com", sent_at=long_ago)
-    sent = seed.event(status="sent", sent_at=now)
-    seed.stripe_history(now)
-    seed.event(status="retrying")
-    seed.event(status="pending", tenant_id="initech")
-    seed.event(status="processing", processing_deadline_at=now + timedelta(minutes=1),
-               claim_token="t", claimed_by="h:1:ab")
-    return {"event_id": dead, "tenant_id": "acme", "user_id": 1, "sent": sent}
+    return {**seed_every_kind(seed, now), "user_id": 1}
 
 
 def get_urls(app: Any, values: dict[str, Any]) -> Iterator[str]:

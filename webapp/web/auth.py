@@ -85,22 +85,28 @@ def login() -> ResponseReturnValue:
 
     with engine.begin() as conn:
         throttle.clear(conn, keys[0])
+        record_login(conn, user.id, now=when)
         write_audit(conn, actor=user.email, action="login", note=f"from {address}", now=when)
-    record_login(engine, user.id, now=when)
     sign_in(user.id, user.session_generation)
     if user.must_change_password:
         return redirect(url_for("account.password"), code=303)
     return redirect(target, code=303)
 
 
-def _too_many(email: str, target: str, until: datetime, when: datetime) -> Response:
+def _locked(template: str, until: datetime, when: datetime, what: str,
+            **context: object) -> Response:
+    """429 with ``Retry-After``: ``template`` saying to try again in N minutes."""
     seconds = max(1, math.ceil((until - when).total_seconds()))
     minutes = max(1, math.ceil(seconds / 60))
-    resp = render("auth/login.html", status=429, next=target, email=email, warning=None,
-                  error=f"Too many failed log-ins for this account or from this address. "
-                        f"Try again in {minutes} minute{'s' if minutes != 1 else ''}.")
+    resp = render(template, status=429, **context,
+                  error=f"{what} Try again in {minutes} minute{'s' if minutes != 1 else ''}.")
     resp.headers["Retry-After"] = str(seconds)
     return resp
+
+
+def _too_many(email: str, target: str, until: datetime, when: datetime) -> Response:
+    return _locked("auth/login.html", until, when, "Too many failed log-ins for this account "
+                   "or from this address.", next=target, email=email, warning=None)
 
 
 @bp.post("/logout")
@@ -161,13 +167,8 @@ def password() -> ResponseReturnValue:
 
 
 def _too_many_changes(until: datetime, when: datetime) -> Response:
-    seconds = max(1, math.ceil((until - when).total_seconds()))
-    minutes = max(1, math.ceil(seconds / 60))
-    resp = render("auth/password.html", status=429, forced=_forced(),
-                  error=f"Too many wrong current passwords. Try again in {minutes} minute"
-                        f"{'s' if minutes != 1 else ''}.")
-    resp.headers["Retry-After"] = str(seconds)
-    return resp
+    return _locked("auth/password.html", until, when, "Too many wrong current passwords.",
+                   forced=_forced())
 
 
 def _forced() -> bool:

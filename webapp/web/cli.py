@@ -207,52 +207,51 @@ def users_create(email: str, role: str, password_stdin: bool) -> None:
     click.echo(f"created {email.strip().lower()} ({role})")
 
 
+def _on_user(email: str, change: Callable[..., str], *args: object) -> str:
+    """Apply ``change(engine, user_id, *args, now=, actor=)`` to the user with ``email``;
+    the email it names (audited as the CLI user)."""
+    from ..users import user_id_by_email
+
+    engine = _svc().engine
+    return change(engine, user_id_by_email(engine, email), *args, now=_svc().clock(),
+                  actor=actor())
+
+
 @users.command("set-role")
 @click.argument("email")
 @click.option("--role", required=True, type=click.Choice(["viewer", "operator", "admin"]))
 def users_set_role(email: str, role: str) -> None:
     """Give a user another role; their sessions end."""
-    from ..users import set_role, user_id_by_email
+    from ..users import set_role
 
-    engine = _svc().engine
-    done = set_role(engine, user_id_by_email(engine, email), role, now=_svc().clock(),
-                    actor=actor())
-    click.echo(f"{done} is now {role}; their sessions have ended")
+    click.echo(f"{_on_user(email, set_role, role)} is now {role}; their sessions have ended")
 
 
 @users.command("deactivate")
 @click.argument("email")
 def users_deactivate(email: str) -> None:
     """Deactivate a user; their sessions end at once."""
-    _set_active(email, False)
+    from ..users import set_active
+
+    click.echo(f"{_on_user(email, set_active, False)} deactivated")
 
 
 @users.command("activate")
 @click.argument("email")
 def users_activate(email: str) -> None:
     """Reactivate a user (they sign in anew)."""
-    _set_active(email, True)
+    from ..users import set_active
 
-
-def _set_active(email: str, active: bool) -> None:
-    from ..users import set_active, user_id_by_email
-
-    engine = _svc().engine
-    done = set_active(engine, user_id_by_email(engine, email), active, now=_svc().clock(),
-                      actor=actor())
-    click.echo(f"{done} {'reactivated' if active else 'deactivated'}")
+    click.echo(f"{_on_user(email, set_active, True)} reactivated")
 
 
 @users.command("end-sessions")
 @click.argument("email")
 def users_end_sessions(email: str) -> None:
     """Sign a user out on every device."""
-    from ..users import end_sessions, user_id_by_email
+    from ..users import end_sessions
 
-    engine = _svc().engine
-    done = end_sessions(engine, user_id_by_email(engine, email), now=_svc().clock(),
-                        actor=actor())
-    click.echo(f"every session of {done} has ended")
+    click.echo(f"every session of {_on_user(email, end_sessions)} has ended")
 
 
 @users.command("reset-password")
