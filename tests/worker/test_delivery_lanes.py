@@ -17,15 +17,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import make_settings, start_worker, wait_for, worker_env
-from sqlalchemy import Engine, func, select
+from conftest import make_settings, pg_schema_url, start_worker, wait_for, worker_env
+from sqlalchemy import Engine, func, select, text
 from sqlalchemy.orm import Session
 from support.fake_stripe import FakeStripe
 
+from webapp.db import make_engine
 from webapp.models import DeliveryAttempt, OutboxEvent, utcnow
 from webapp.outbox import enqueue_usage, operations
 from webapp.worker import Drainer
-from webapp.worker.lanes import lane_locks
+from webapp.worker.lanes import lane_key, lane_locks
 
 T = OutboxEvent.__table__
 A = DeliveryAttempt.__table__
@@ -209,3 +210,29 @@ def test_a_lane_busy_in_another_process_is_skipped_not_waited_on(
     finally:
         other.close()
         drainer.close()
+
+
+
+def test_lanes_of_two_outboxes_in_one_database_are_apart(pg: Engine) -> None:
+    """Advisory locks belong to the database; an outbox in another schema of it (a second
+    deployment, a staging copy) has lanes of its own and never makes this one skip. The
+    usual ``public`` schema keeps the keys earlier versions used (a rolling upgrade)."""
+    public = make_engine(pg_schema_url("public"))
+    here, again, elsewhere = lane_locks(pg), lane_locks(pg), lane_locks(public)
+    lane = LANES[0]
+    try:
+        assert here.acquire([lane]) == {lane}
+        assert again.acquire([lane]) == set()          # the same outbox: busy
+        assert elsewhere.acquire([lane]) == {lane}     # another schema's outbox: its own lane
+        here.release([lane])
+        assert again.acquire([lane]) == {lane}
+        with public.connect() as conn:
+            held = conn.execute(text(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+                "AND ((classid::bigint << 32) | objid::bigint) = :k AND objsubid = 1"),
+                {"k": lane_key(lane)}).scalar_one()
+        assert held == 1  # public's lock is the key without a schema
+    finally:
+        for locks in (here, again, elsewhere):
+            locks.close()
+        public.dispose()

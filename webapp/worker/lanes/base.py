@@ -13,9 +13,13 @@ from ..shards import ShardView
 Lane = tuple[str, str]
 
 
-def lane_key(lane: Lane) -> int:
-    """A signed 64-bit key for a lane (PostgreSQL advisory lock; SQLite byte offset)."""
-    digest = hashlib.blake2b(f"billing-outbox\x1f{lane[0]}\x1f{lane[1]}".encode(),
+def lane_key(lane: Lane, space: str = "") -> int:
+    """A signed 64-bit key for a lane (PostgreSQL advisory lock; SQLite byte offset).
+    ``space`` keeps outboxes that share a lock namespace apart: on PostgreSQL it is the
+    schema, since advisory locks are per database and two outboxes in two schemas of one
+    database must never skip each other's lanes."""
+    prefix = f"billing-outbox\x1f{space}" if space else "billing-outbox"
+    digest = hashlib.blake2b(f"{prefix}\x1f{lane[0]}\x1f{lane[1]}".encode(),
                              digest_size=8).digest()
     return int.from_bytes(digest, "big", signed=True)
 

@@ -36,6 +36,7 @@ class AdvisoryLaneLocks(LaneLocks):
         self._engine = engine
         self._conn: Connection | None = None
         self._shards = ShardOwnership(monotonic)
+        self._schema: str | None = None
 
     def shard_view(self, *, draining: bool = True) -> ShardView:
         """See :meth:`ShardOwnership.view`."""
@@ -51,13 +52,22 @@ class AdvisoryLaneLocks(LaneLocks):
             self._shards.forget()  # held on the connection that is gone, if any
             conn = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
             conn.execute(_KEEPALIVE)
+            self._schema = conn.execute(text("SELECT current_schema()")).scalar_one()
             self._conn = conn
         return self._conn
 
+    def _keys(self, lanes: list[Lane]) -> list[int]:
+        """The lanes' lock keys in this connection's schema (read when it was opened).
+        ``public`` keeps the keys of versions that did not name the schema, so a rolling
+        upgrade of the usual deployment never has two workers in one lane."""
+        space = "" if self._schema in (None, "public") else self._schema
+        return [lane_key(lane, space) for lane in lanes]
+
     def _try(self, lanes: list[Lane]) -> set[Lane]:
-        keys = [lane_key(lane) for lane in lanes]
         try:
-            rows = self._connection().execute(_TRY, {"keys": keys}).all()
+            conn = self._connection()
+            keys = self._keys(lanes)
+            rows = conn.execute(_TRY, {"keys": keys}).all()
         except Exception:
             log.exception("lane lock connection failed; skipping these lanes for now")
             self._drop()
@@ -67,7 +77,8 @@ class AdvisoryLaneLocks(LaneLocks):
 
     def _unlock(self, lanes: list[Lane]) -> None:
         try:
-            self._connection().execute(_UNLOCK, {"keys": [lane_key(lane) for lane in lanes]})
+            conn = self._connection()
+            conn.execute(_UNLOCK, {"keys": self._keys(lanes)})
         except Exception:
             # The locks died with the connection; nothing is left to release.
             log.exception("lane unlock failed; dropping the lock connection")
