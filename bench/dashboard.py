@@ -617,6 +617,18 @@ def routes(engine: Any, settings: Any) -> list[Route]:
         ("requeue-all rejected preview", "/rejected/requeue-all"),
         ("reconciliation (last run, 60 mismatches)", "/reconciliation"),
         ("Stripe's side", "/stripe"),
+        ("events list (no filter)", "/events"),
+        ("events list, page 2", f"/events?before={dead_event}"),
+        ("events list, status=dead", "/events?status=dead"),
+        ("events list, status=retrying, attempts=3", "/events?status=retrying&attempts=3"),
+        (f"events list, tenant={big_tenant}", f"/events?tenant={big_tenant}"),
+        (f"events list, tenant={big_tenant}, meter, this month, sent",
+         f"/events?tenant={big_tenant}&meter=api_requests&status=sent"
+         f"&created_from={today.replace(day=1).isoformat()}"),
+        ("events list, near the 35-day limit", "/events?age=near"),
+        ("events list, due now", "/events?due=1"),
+        ("events list, sent today", f"/events?sent_from={today.isoformat()}"),
+        ("events list, code=api_error", "/events?status=dead&code=api_error"),
     ]
     out = []
     for label, path in pages:
@@ -626,6 +638,7 @@ def routes(engine: Any, settings: Any) -> list[Route]:
         ("tenants CSV (this month)", "/tenants.csv"),
         (f"tenants CSV ({DAYS} days)", f"/tenants.csv?{span}"),
         ("audit CSV", "/audit.csv"),
+        ("events CSV, status=dead, code=api_error", "/events.csv?status=dead&code=api_error"),
         ("Prometheus metrics", "/metrics"),
         ("liveness", "/healthz"),
         ("readiness", "/readyz"))]

@@ -25,7 +25,7 @@ HOSTILE = ["Acme;=2+3", '=HYPERLINK("http://x")', "x,-1+1", "a\n@SUM(1)", "\t=1"
 TRIGGERS = ("=", "+", "-", "@", "\t", "\r")
 SEPARATORS = re.compile(r"[;,\t\r\n]")
 #: Every CSV export of the dashboard (grep csv_response): the CLI writes none.
-EXPORTS = ["/tenants.csv", "/audit.csv"]
+EXPORTS = ["/tenants.csv", "/audit.csv", "/events.csv"]
 
 
 def unsafe_parts(text: str) -> list[str]:

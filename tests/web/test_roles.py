@@ -26,6 +26,8 @@ PAGES = [
     ("/rejected", "viewer"), ("/rejected?code=meter_event_customer_not_found", "viewer"),
     ("/rejected/requeue-all", "operator"), ("/reconciliation", "viewer"), ("/stripe", "viewer"),
     ("/events/{sent}", "viewer"), ("/events/{sent}/cancel", "operator"),
+    ("/events", "viewer"), ("/events?status=dead&attempts=1", "viewer"),
+    ("/events.csv", "viewer"), ("/events.csv?status=dead", "viewer"),
 ]
 
 

@@ -7,20 +7,64 @@ from flask import Blueprint, abort, flash, redirect, url_for
 from flask.typing import ResponseReturnValue
 
 from ..outbox.operations import RESOLVE_REASONS
-from ..outbox.states import CANCEL_REFUSALS, CancelCheck, cancel_check
+from ..outbox.states import ALL_STATUSES, CANCEL_REFUSALS, CancelCheck, cancel_check
+from ..read import event_list as lists
 from ..read.dead_letters import check_row
 from ..read.events import EventDetail, event_detail, find_event
 from ..read.rejected import reason_text
 from ..worker import cancel_events
-from .common import now, render, svc
+from .common import csv_response, now, render, svc
 from .errors import back_to
-from .params import NOTE, REASON, Flag, Text, accepts
+from .params import (
+    MAX_ID,
+    NOTE,
+    REASON,
+    Choices,
+    Day,
+    Flag,
+    Int,
+    IntRange,
+    Text,
+    accepts,
+)
 from .security import current_user, require_role
 
 bp = Blueprint("events", __name__)
 
 CONFIRM = Flag("confirm")
 Q = Text("q", 100)
+
+#: The events list's filters (``read.event_list.EventFilters``).
+STATUS = Choices("status", ALL_STATUSES)
+TENANT = Text("tenant", 100)
+CUSTOMER = Text("customer", 255, pattern=r"cus_[A-Za-z0-9_]+")
+METER = Text("meter", 100)
+CREATED_FROM, CREATED_TO = Day("created_from"), Day("created_to")
+OCCURRED_FROM, OCCURRED_TO = Day("occurred_from"), Day("occurred_to")
+SENT_FROM, SENT_TO = Day("sent_from"), Day("sent_to")
+DUE = Flag("due", on="1", source="query")
+AGE = Text("age", 10, choices=lists.AGES)
+CODE = Text("code", 100)
+OUTCOME = Text("outcome", 20, pattern=r"[a-z_]+")
+AUDIT_ID = Int("audit", 1, MAX_ID)
+ATTEMPTS = IntRange("attempts", 0, 1_000_000)
+LIST_FILTERS = (STATUS, TENANT, CUSTOMER, METER, CREATED_FROM, CREATED_TO, OCCURRED_FROM,
+                OCCURRED_TO, SENT_FROM, SENT_TO, DUE, AGE, CODE, OUTCOME, AUDIT_ID, ATTEMPTS)
+LIMIT = Int("limit", 1, lists.MAX_LIMIT, default=lists.DEFAULT_LIMIT, clamp=True)
+BEFORE = Int("before", 1, MAX_ID)
+
+
+def list_filters() -> lists.EventFilters:
+    """The events list's filters from this request (declared by the view)."""
+    attempts = ATTEMPTS.get()
+    lo, hi = attempts if attempts is not None else (None, None)
+    return lists.EventFilters(
+        status=STATUS.get(), tenant=TENANT.get(), customer=CUSTOMER.get(), meter=METER.get(),
+        created_from=CREATED_FROM.get(), created_to=CREATED_TO.get(),
+        occurred_from=OCCURRED_FROM.get(), occurred_to=OCCURRED_TO.get(),
+        sent_from=SENT_FROM.get(), sent_to=SENT_TO.get(), due=DUE.get(), age=AGE.get(),
+        code=CODE.get(), outcome=OUTCOME.get(), audit=AUDIT_ID.get(),
+        attempts_min=lo, attempts_max=hi)
 
 
 def _detail(event_id: int) -> EventDetail:
@@ -87,13 +131,34 @@ def cancel(event_id: int) -> ResponseReturnValue:
 
 @bp.get("/events")
 @require_role("viewer")
-@accepts(Q)
+@accepts(Q, *LIST_FILTERS, LIMIT, BEFORE)
 def find() -> ResponseReturnValue:
-    """Jump to an event by id or by idempotency key."""
+    """With ``q``: jump to an event by id or by idempotency key. Without: the events list,
+    filtered (each filter shown, removable), newest first, keyset-paginated by id."""
     q = Q.get()
     if q:
         found = find_event(svc().engine, q)
         if found is not None:
             return redirect(url_for("events.show", event_id=found))
         flash(f"No event has the id or idempotency key {q!r}.", "error")
-    return redirect(url_for("dashboard.overview"))
+        return redirect(url_for("dashboard.overview"))
+    filters = list_filters()
+    limit = LIMIT.get()
+    page = lists.event_list(svc().engine, filters, now=now(), before=BEFORE.get(), limit=limit)
+    track = (lists.tracking(svc().engine, filters.audit)
+             if filters.audit is not None else None)
+    params = dict(filters.params(), **({"limit": limit} if limit != lists.DEFAULT_LIMIT
+                                       else {}))
+    return render("events/index.html", page=page, f=filters, params=params, limit=limit,
+                  track=track, statuses=ALL_STATUSES, ages=lists.AGES,
+                  paged=BEFORE.get() is not None,
+                  here=url_for("events.find", **params, before=BEFORE.get()))
+
+
+@bp.get("/events.csv")
+@require_role("viewer")
+@accepts(*LIST_FILTERS)
+def export() -> ResponseReturnValue:
+    """Every event the list shows for the same filters, as CSV (streamed)."""
+    rows = lists.export_rows(svc().engine, list_filters(), now=now())
+    return csv_response(f"events-{now():%Y%m%d-%H%M%S}.csv", lists.CSV_HEADER, rows)

@@ -209,6 +209,54 @@ class Ids(Field[list[int]]):
         return [whole_number(self, v, 1, MAX_ID) for v in values]
 
 
+class Choices(Field[tuple[str, ...]]):
+    """A repeatable field whose every value is one of ``choices`` (at most ``max_count``
+    values; blank ones skipped, repeats kept once, in the order of ``choices``)."""
+
+    def __init__(self, name: str, choices: Collection[str], *, max_count: int = 20,
+                 source: Source = "query") -> None:
+        super().__init__(name, source=source, default=())
+        self.choices = tuple(choices)
+        self.max_count = max_count
+
+    def parse(self) -> tuple[str, ...]:
+        values = [v.strip() for v in self.raw() if v.strip()]
+        if len(values) > self.max_count:
+            raise self.refuse(f"is given more than {self.max_count} times")
+        for v in values:
+            if v not in self.choices:
+                raise self.refuse(f"must be one of: {', '.join(self.choices)}")
+        return tuple(c for c in self.choices if c in values)
+
+
+_RANGE = re.compile(r"([0-9]{1,9})?(-([0-9]{1,9})?)?")
+
+
+class IntRange(Field[tuple[int | None, int | None] | None]):
+    """A whole number (``3``) or a range (``3-5``, ``3-``, ``-5``) from ``low`` to ``high``:
+    (lowest, highest), either None when open."""
+
+    def __init__(self, name: str, low: int, high: int, *, source: Source = "query") -> None:
+        super().__init__(name, source=source, default=None)
+        self.low, self.high = low, high
+
+    def convert(self, raw: str) -> tuple[int | None, int | None]:
+        text = raw.strip()
+        found = _RANGE.fullmatch(text)
+        problem = (f"must be a whole number from {self.low:,} to {self.high:,}, or a range "
+                   "like 2-5")
+        if not found or text == "-":
+            raise self.refuse(problem)
+        lo = int(found.group(1)) if found.group(1) else None
+        hi = (int(found.group(3)) if found.group(3) else None) if found.group(2) else lo
+        for v in (lo, hi):
+            if v is not None and not self.low <= v <= self.high:
+                raise self.refuse(problem)
+        if lo is not None and hi is not None and lo > hi:
+            raise self.refuse("must be a range from the lower number to the higher")
+        return lo, hi
+
+
 class Day(Field[date | None]):
     """A date ``YYYY-MM-DD`` from :data:`EARLIEST` to :data:`LATEST`."""
 

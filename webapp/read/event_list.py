@@ -1,0 +1,352 @@
+"""The events list: every event matching a set of filters, newest id first, keyset-paginated
+by id, counted, and exported — the page every count of events on the dashboard links to.
+
+A status filter splits the query into one piece per status, each with its status written
+inline (``status = 'dead'``), so each piece is served by that status's partial index
+(``ix_outbox_unsent``, ``ix_outbox_dead``, ``ix_outbox_sent_at``, the rescuer's for events in
+flight…); the pieces are paged by id and merged, as ``paging.keyset`` does with ``parts``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field, fields, replace
+from datetime import UTC, date, datetime, time, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Engine, false, func, select
+
+from ..db import reading
+from ..outbox.sql import AUDIT, AUDIT_EVENTS, TENANTS, T, row_dict, status_is
+from ..outbox.states import ALL_STATUSES, MAX_AGE
+from .counts import NEAR_LIMIT, UNSENT_OPEN
+
+#: The most rows one page shows, and the default.
+MAX_LIMIT = 200
+DEFAULT_LIMIT = 50
+#: Counts stop here: past it the page says "more than 10,000".
+COUNT_CAP = 10_000
+#: Rows read per query while exporting.
+EXPORT_BATCH = 1000
+
+#: The date filters (UTC days, both ends included), in the words of their chips.
+DATE_FILTERS = {"created_from": "created on or after", "created_to": "created on or before",
+                "occurred_from": "occurred on or after", "occurred_to": "occurred on or before",
+                "sent_from": "sent on or after", "sent_to": "sent on or before"}
+AGES = {"near": "within 7 days of Stripe's 35-day limit", "over": "past Stripe's 35-day limit"}
+#: The statuses the age limit and "due" apply to (as ``counts.age_limits`` and the claim).
+AGE_STATUSES = (*UNSENT_OPEN, "processing")
+DUE_STATUSES = ("pending", "retrying")
+#: The statuses of events Stripe accepted (the ones with a ``sent_at``).
+SENT_STATUSES = ("sent", "rejected", "cancelled")
+
+LIST_COLUMNS = (T.c.id, T.c.tenant_id, T.c.meter, T.c.quantity, T.c.idempotency_key,
+                T.c.status, T.c.attempt_count, T.c.occurred_at, T.c.created_at, T.c.sent_at,
+                T.c.next_attempt_at, T.c.last_outcome, T.c.last_error_code,
+                T.c.last_http_status, T.c.stripe_customer_id)
+CSV_HEADER = ["id", "tenant_id", "meter", "quantity", "idempotency_key", "status",
+              "attempt_count", "occurred_at", "created_at", "sent_at", "next_attempt_at",
+              "last_outcome", "last_error_code", "last_http_status", "stripe_customer_id"]
+
+
+@dataclass(frozen=True)
+class EventFilters:
+    """The list's filters. Dates are UTC days, ``*_to`` inclusive; ``attempts_min`` and
+    ``attempts_max`` bound ``attempt_count`` (equal for an exact count)."""
+
+    status: tuple[str, ...] = ()
+    tenant: str = ""
+    customer: str = ""
+    meter: str = ""
+    created_from: date | None = None
+    created_to: date | None = None
+    occurred_from: date | None = None
+    occurred_to: date | None = None
+    sent_from: date | None = None
+    sent_to: date | None = None
+    due: bool = False
+    age: str = ""
+    code: str = ""
+    outcome: str = ""
+    audit: int | None = None
+    attempts_min: int | None = None
+    attempts_max: int | None = None
+
+    def __post_init__(self) -> None:
+        for s in self.status:
+            if s not in ALL_STATUSES:
+                raise ValueError(f"status must be one of {', '.join(ALL_STATUSES)}")
+        if self.age and self.age not in AGES:
+            raise ValueError(f"age must be one of {', '.join(AGES)}")
+
+    def params(self) -> dict[str, Any]:
+        """The filters in effect as query-string parameters (``url_for`` repeats a list)."""
+        out: dict[str, Any] = {}
+        if self.status:
+            out["status"] = list(self.status)
+        for name in ("tenant", "customer", "meter", "age", "code", "outcome"):
+            if getattr(self, name):
+                out[name] = getattr(self, name)
+        for name in DATE_FILTERS:
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value.isoformat()
+        if self.due:
+            out["due"] = "1"
+        if self.audit is not None:
+            out["audit"] = str(self.audit)
+        if self.attempts_min is not None or self.attempts_max is not None:
+            out["attempts"] = attempts_text(self.attempts_min, self.attempts_max)
+        return out
+
+    def is_empty(self) -> bool:
+        return not self.params()
+
+    def without(self, name: str, value: str | None = None) -> EventFilters:
+        """These filters less one (``status`` less one of its values)."""
+        if name == "status" and value is not None:
+            return replace(self, status=tuple(s for s in self.status if s != value))
+        if name == "attempts":
+            return replace(self, attempts_min=None, attempts_max=None)
+        default: Any = {f.name: f.default for f in fields(self)}[name]
+        changes: dict[str, Any] = {name: default}
+        return replace(self, **changes)
+
+    def chips(self) -> list[Chip]:
+        """Each filter in effect in plain words, with the parameters of the list without it."""
+        out: list[Chip] = []
+
+        def add(label: str, name: str, value: str | None = None) -> None:
+            out.append(Chip(label, self.without(name, value).params()))
+
+        for s in self.status:
+            add(f"status is {s}", "status", s)
+        if self.tenant:
+            add(f"tenant {self.tenant}", "tenant")
+        if self.customer:
+            add(f"Stripe customer {self.customer}", "customer")
+        if self.meter:
+            add(f"meter {self.meter}", "meter")
+        for name, words in DATE_FILTERS.items():
+            value = getattr(self, name)
+            if value is not None:
+                add(f"{words} {value.isoformat()} (UTC)", name)
+        if self.due:
+            add("next attempt due now", "due")
+        if self.age:
+            add(AGES[self.age], "age")
+        if self.code:
+            add(f"last error code {self.code}", "code")
+        if self.outcome:
+            add(f"last outcome {self.outcome}", "outcome")
+        if self.audit is not None:
+            add(f"touched by audit entry #{self.audit}", "audit")
+        if self.attempts_min is not None or self.attempts_max is not None:
+            lo, hi = self.attempts_min, self.attempts_max
+            words = (f"exactly {lo} attempt{'s' if lo != 1 else ''}" if lo == hi else
+                     f"at least {lo} attempts" if hi is None else
+                     f"at most {hi} attempts" if lo is None else f"{lo} to {hi} attempts")
+            add(words, "attempts")
+        return out
+
+
+@dataclass(frozen=True)
+class Chip:
+    """One filter in effect: its words, and the list's parameters without it."""
+
+    label: str
+    without: dict[str, Any]
+
+
+def attempts_text(low: int | None, high: int | None) -> str:
+    """``3``, ``3-5``, ``3-`` or ``-5``: the ``attempts`` parameter for a range."""
+    if low is not None and low == high:
+        return str(low)
+    return f"{'' if low is None else low}-{'' if high is None else high}"
+
+
+def _day_start(day: date) -> datetime:
+    return datetime.combine(day, time(0), UTC)
+
+
+def _statuses(f: EventFilters) -> tuple[str, ...] | None:
+    """The statuses the filters allow (None: any), each filter narrowing the others."""
+    allowed: set[str] | None = set(f.status) if f.status else None
+    for implied in ((DUE_STATUSES if f.due else None), (AGE_STATUSES if f.age else None),
+                    (SENT_STATUSES if f.sent_from or f.sent_to else None)):
+        if implied is not None:
+            allowed = set(implied) if allowed is None else allowed & set(implied)
+    if allowed is None:
+        return None
+    return tuple(s for s in ALL_STATUSES if s in allowed)
+
+
+def _common(conn: Connection, f: EventFilters, now: datetime) -> list[Any]:
+    """The conditions every piece shares."""
+    where: list[Any] = []
+    if f.tenant:
+        where.append(T.c.tenant_id == f.tenant)
+    if f.customer:
+        # The customer is fixed on an event at its first attempt; before it, the tenant's
+        # mapping says whose it will be.
+        tenants = select(TENANTS.c.tenant_id).where(TENANTS.c.stripe_customer_id == f.customer)
+        where.append((T.c.stripe_customer_id == f.customer)
+                     | (T.c.stripe_customer_id.is_(None) & T.c.tenant_id.in_(tenants)))
+    if f.meter:
+        where.append(T.c.meter == f.meter)
+    if f.created_from:
+        where.append(T.c.created_at >= _day_start(f.created_from))
+    if f.created_to:
+        where.append(T.c.created_at < _day_start(f.created_to) + timedelta(days=1))
+    if f.occurred_from:
+        where.append(T.c.occurred_at >= _day_start(f.occurred_from))
+    if f.occurred_to:
+        where.append(T.c.occurred_at < _day_start(f.occurred_to) + timedelta(days=1))
+    if f.sent_from:
+        where.append(T.c.sent_at >= _day_start(f.sent_from))
+    if f.sent_to:
+        where.append(T.c.sent_at < _day_start(f.sent_to) + timedelta(days=1))
+    if f.due:
+        where.append(T.c.next_attempt_at <= now)
+    if f.age == "near":
+        where += [T.c.occurred_at >= now - MAX_AGE, T.c.occurred_at < now - (MAX_AGE - NEAR_LIMIT)]
+    elif f.age == "over":
+        where.append(T.c.occurred_at < now - MAX_AGE)
+    if f.code:
+        where.append(T.c.last_error_code == f.code)
+    if f.outcome:
+        where.append(T.c.last_outcome == f.outcome)
+    if f.audit is not None:
+        where.append(T.c.id.in_(select(AUDIT_EVENTS.c.event_id)
+                                .where(AUDIT_EVENTS.c.audit_id == f.audit)))
+    if f.attempts_min is not None:
+        where.append(T.c.attempt_count >= f.attempts_min)
+    if f.attempts_max is not None:
+        where.append(T.c.attempt_count <= f.attempts_max)
+    return where
+
+
+def _pieces(conn: Connection, f: EventFilters, now: datetime) -> list[list[Any]]:
+    """Disjoint lists of conditions whose union is the filtered set: one per status when the
+    filters name statuses (each then served by its own partial index), else one."""
+    common = _common(conn, f, now)
+    statuses = _statuses(f)
+    if statuses is None:
+        return [common]
+    if not statuses:
+        return [[*common, false()]]
+    return [[status_is(s), *common] for s in statuses]
+
+
+@dataclass(frozen=True)
+class EventPage:
+    rows: list[dict[str, Any]]
+    #: The id to pass as ``before`` for the next (older) page; None on the last page.
+    next_before: int | None
+    #: Matching events (all pages), at most :data:`COUNT_CAP`; ``more`` when there are more.
+    count: int
+    more: bool
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _page_rows(conn: Connection, pieces: list[list[Any]], *, before: int | None,
+               limit: int) -> tuple[list[dict[str, Any]], int | None]:
+    got: list[Any] = []
+    for where in pieces:
+        stmt = select(*LIST_COLUMNS).where(*where)
+        if before is not None:
+            stmt = stmt.where(T.c.id < before)
+        got += conn.execute(stmt.order_by(T.c.id.desc()).limit(limit + 1)).all()
+    got.sort(key=lambda r: int(r.id), reverse=True)
+    rows = [row_dict(r) for r in got[:limit]]
+    return rows, (int(rows[-1]["id"]) if len(got) > limit and rows else None)
+
+
+def _count(conn: Connection, pieces: list[list[Any]]) -> tuple[int, bool]:
+    total = 0
+    for where in pieces:
+        capped = select(T.c.id).where(*where).limit(COUNT_CAP + 1 - total).subquery()
+        total += int(conn.execute(select(func.count()).select_from(capped)).scalar_one())
+        if total > COUNT_CAP:
+            return COUNT_CAP, True
+    return total, False
+
+
+def event_list(engine: Engine, f: EventFilters, *, now: datetime, before: int | None = None,
+               limit: int = DEFAULT_LIMIT) -> EventPage:
+    """One page of matching events, newest id first, older than ``before``; and how many
+    match in all (to :data:`COUNT_CAP`)."""
+    limit = max(1, min(limit, MAX_LIMIT))
+    with reading(engine) as conn:
+        pieces = _pieces(conn, f, now)
+        rows, next_before = _page_rows(conn, pieces, before=before, limit=limit)
+        count, more = _count(conn, pieces)
+    return EventPage(rows, next_before, count, more)
+
+
+def count_events(engine: Engine, f: EventFilters, *, now: datetime) -> int:
+    """How many events match (to :data:`COUNT_CAP` + 1): what the list would say."""
+    with reading(engine) as conn:
+        count, more = _count(conn, _pieces(conn, f, now))
+    return count + (1 if more else 0)
+
+
+def export_rows(engine: Engine, f: EventFilters, *, now: datetime) -> Iterator[list[Any]]:
+    """Every matching event as a CSV row (:data:`CSV_HEADER`), newest id first, read in
+    keyset batches so an export of any size holds one batch in memory."""
+    before: int | None = None
+    while True:
+        with reading(engine) as conn:
+            rows, before = _page_rows(conn, _pieces(conn, f, now), before=before,
+                                      limit=EXPORT_BATCH)
+        for r in rows:
+            yield [r[name] for name in CSV_HEADER]
+        if before is None:
+            return
+
+
+#: What became of requeued events, in the words of the tracking summary.
+SETTLED_SENT = ("sent",)
+STILL_WAITING = ("pending", "processing", "retrying")
+FAILED_AGAIN = ("dead", "rejected")
+
+
+@dataclass(frozen=True)
+class Tracking:
+    """What became of the events one audit entry (a bulk action) touched."""
+
+    audit_id: int
+    action: str
+    actor: str
+    at: datetime
+    total: int
+    sent: int
+    waiting: int
+    failed: int
+    other: int          # resolved or cancelled since
+
+    @property
+    def settled(self) -> bool:
+        """Nothing is still on its way: polling may stop."""
+        return self.waiting == 0
+
+
+def tracking(engine: Engine, audit_id: int) -> Tracking | None:
+    """The fate of an audit entry's events by status; None when there is no such entry."""
+    with reading(engine) as conn:
+        entry = conn.execute(select(AUDIT.c.action, AUDIT.c.actor, AUDIT.c.at)
+                             .where(AUDIT.c.id == audit_id)).first()
+        if entry is None:
+            return None
+        by = {str(s): int(n) for s, n in conn.execute(
+            select(T.c.status, func.count())
+            .where(T.c.id.in_(select(AUDIT_EVENTS.c.event_id)
+                              .where(AUDIT_EVENTS.c.audit_id == audit_id)))
+            .group_by(T.c.status))}
+    total = sum(by.values())
+    sent = sum(by.get(s, 0) for s in SETTLED_SENT)
+    waiting = sum(by.get(s, 0) for s in STILL_WAITING)
+    failed = sum(by.get(s, 0) for s in FAILED_AGAIN)
+    row = row_dict(entry)
+    return Tracking(audit_id, row["action"], row["actor"], row["at"], total, sent, waiting,
+                    failed, total - sent - waiting - failed)
