@@ -18,7 +18,7 @@ from sqlalchemy import Connection, Engine, false, func, select
 
 from ..db import reading
 from ..outbox.sql import AUDIT, AUDIT_EVENTS, TENANTS, T, row_dict, status_is
-from ..outbox.states import ALL_STATUSES, MAX_AGE
+from ..outbox.states import ALL_STATUSES, DEAD_EXHAUSTED, DEAD_PAST_WINDOW, MAX_AGE
 from .counts import NEAR_LIMIT, UNSENT_OPEN
 
 #: The most rows one page shows, and the default.
@@ -33,6 +33,11 @@ EXPORT_BATCH = 1000
 DATE_FILTERS = {"created_from": "created on or after", "created_to": "created on or before",
                 "occurred_from": "occurred on or after", "occurred_to": "occurred on or before",
                 "sent_from": "sent on or after", "sent_to": "sent on or before"}
+#: A text filter's value for "has none" (``IS NULL``): the groups of errors have such a row.
+NONE = "-"
+#: Why an event died (``dead_letters.KINDS``), for the error groups of the dead-letter page.
+WHY = {"unknown_past_window": "outcome unknown past the 24 h window",
+       "exhausted": "retries exhausted", "permanent": "permanent error"}
 AGES = {"near": "within 7 days of Stripe's 35-day limit", "over": "past Stripe's 35-day limit"}
 #: The statuses the age limit and "due" apply to (as ``counts.age_limits`` and the claim).
 AGE_STATUSES = (*UNSENT_OPEN, "processing")
@@ -67,6 +72,10 @@ class EventFilters:
     due: bool = False
     age: str = ""
     code: str = ""
+    error_class: str = ""
+    http: str = ""
+    why: str = ""
+    reject_code: str = ""
     outcome: str = ""
     audit: int | None = None
     attempts_min: int | None = None
@@ -78,13 +87,16 @@ class EventFilters:
                 raise ValueError(f"status must be one of {', '.join(ALL_STATUSES)}")
         if self.age and self.age not in AGES:
             raise ValueError(f"age must be one of {', '.join(AGES)}")
+        if self.why and self.why not in WHY:
+            raise ValueError(f"why must be one of {', '.join(WHY)}")
 
     def params(self) -> dict[str, Any]:
         """The filters in effect as query-string parameters (``url_for`` repeats a list)."""
         out: dict[str, Any] = {}
         if self.status:
             out["status"] = list(self.status)
-        for name in ("tenant", "customer", "meter", "age", "code", "outcome"):
+        for name in ("tenant", "customer", "meter", "age", "code", "error_class", "http", "why",
+                     "reject_code", "outcome"):
             if getattr(self, name):
                 out[name] = getattr(self, name)
         for name in DATE_FILTERS:
@@ -135,8 +147,14 @@ class EventFilters:
             add("next attempt due now", "due")
         if self.age:
             add(AGES[self.age], "age")
-        if self.code:
-            add(f"last error code {self.code}", "code")
+        for name, words in (("code", "last error code"), ("error_class", "last error class"),
+                            ("http", "last HTTP status"),
+                            ("reject_code", "Stripe's rejection code")):
+            value = getattr(self, name)
+            if value:
+                add(f"no {words}" if value == NONE else f"{words} {value}", name)
+        if self.why:
+            add(f"dead because: {WHY[self.why]}", "why")
         if self.outcome:
             add(f"last outcome {self.outcome}", "outcome")
         if self.audit is not None:
@@ -212,8 +230,20 @@ def _common(conn: Connection, f: EventFilters, now: datetime) -> list[Any]:
         where += [T.c.occurred_at >= now - MAX_AGE, T.c.occurred_at < now - (MAX_AGE - NEAR_LIMIT)]
     elif f.age == "over":
         where.append(T.c.occurred_at < now - MAX_AGE)
-    if f.code:
-        where.append(T.c.last_error_code == f.code)
+    for value, column in ((f.code, T.c.last_error_code),
+                          (f.error_class, T.c.last_error_class),
+                          (f.reject_code, T.c.reject_code)):
+        if value:
+            where.append(column.is_(None) if value == NONE else column == value)
+    if f.http:
+        where.append(T.c.last_http_status.is_(None) if f.http == NONE
+                     else T.c.last_http_status == int(f.http))
+    if f.why:
+        reason = func.coalesce(T.c.dead_reason, "")
+        past = reason == DEAD_PAST_WINDOW
+        exhausted = reason.startswith(DEAD_EXHAUSTED, autoescape=True)
+        where.append(past if f.why == "unknown_past_window" else
+                     exhausted & ~past if f.why == "exhausted" else ~past & ~exhausted)
     if f.outcome:
         where.append(T.c.last_outcome == f.outcome)
     if f.audit is not None:

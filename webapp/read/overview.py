@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from sqlalchemy import Connection, Engine, func, literal, select
 
@@ -34,13 +35,21 @@ class Bucket:
     count: int
 
 
+#: The events list's endpoint: an alert's ``link`` to the events it counts.
+EVENTS = "events.find"
+
+
 @dataclass(frozen=True)
 class Alert:
     level: str            # "critical" | "warning" | "info"
     title: str
     detail: str
-    link: str | None = None       # a page's endpoint name
-    params: dict[str, str] = field(default_factory=dict)
+    link: str | None = None       # a page's endpoint name (the events list: its events)
+    params: dict[str, Any] = field(default_factory=dict)
+    #: The action that fixes it: its words, endpoint and parameters.
+    fix: str | None = None
+    fix_link: str | None = None
+    fix_params: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -139,46 +148,64 @@ def attempt_rates(conn: Connection, *, since: datetime) -> AttemptRates:
     return AttemptRates(total, total - by.get("delivered", 0), by)
 
 
+#: Unmapped tenants with an alert of their own (the rest are summed up in one).
+UNMAPPED_ALERTS = 5
+WAITING_STATUSES = list(WAITING)
+
+
 def _alerts(ov: Overview, stripe_mode: str, oldest_alert: timedelta) -> list[Alert]:
+    """What needs a person: each alert links to the events it counts (the events list,
+    filtered) and to the action that fixes it."""
     alerts: list[Alert] = []
     if stripe_mode == "none":
         alerts.append(Alert("critical", "Nothing is being sent",
-                            "STRIPE_API_KEY is not set: events stay queued until it is."))
+                            "STRIPE_API_KEY is not set: events stay queued until it is.",
+                            EVENTS, {"status": WAITING_STATUSES}))
     if ov.sending.paused:
         alerts.append(Alert("critical", "Sending is paused",
-                            ov.sending.reason or "paused", None))
+                            ov.sending.reason or "paused", EVENTS, {"status": WAITING_STATUSES}))
     if ov.counts["dead"]:
         alerts.append(Alert(
             "critical" if ov.dead_last_day else "warning",
             f"{ov.counts['dead']:,} dead letter{'s' if ov.counts['dead'] != 1 else ''}",
             f"{ov.dead_last_day:,} new in the last 24 h",
-            "dead_letters.index"))
+            EVENTS, {"status": "dead"},
+            "Requeue or resolve them", "dead_letters.index"))
     age = ov.oldest_waiting_age
     if age is not None and age > oldest_alert.total_seconds():
         alerts.append(Alert("warning", "Events are waiting too long",
                             f"the oldest waiting event was enqueued {_human(age)} ago "
                             f"(threshold {_human(oldest_alert.total_seconds())})",
-                            "dashboard.retries"))
+                            EVENTS, {"due": "1"},
+                            "See why they are retried", "dashboard.retries"))
     if ov.over_limit:
         alerts.append(Alert("critical", f"{ov.over_limit:,} events past Stripe's 35-day limit",
                             "Stripe will reject them: bill them by hand and resolve them.",
-                            "dead_letters.index", {"age": "near_limit"}))
+                            EVENTS, {"age": "over"},
+                            "Resolve the dead ones", "dead_letters.index",
+                            {"age": "near_limit"}))
     if ov.near_limit:
         alerts.append(Alert("warning",
                             f"{ov.near_limit:,} events within 7 days of the 35-day limit",
                             "unsent events that Stripe will reject once 35 days old",
-                            "dead_letters.index", {"age": "near_limit"}))
+                            EVENTS, {"age": "near"},
+                            *(("Map the tenants without a customer", "tenants.mappings")
+                              if ov.unmapped else
+                              ("Requeue the dead ones", "dead_letters.index")),
+                            {} if ov.unmapped else {"age": "near_limit"}))
     if ov.counts.get("rejected"):
         n = ov.counts["rejected"]
         alerts.append(Alert("critical", f"{n:,} event{'s' if n != 1 else ''} rejected by Stripe",
                             "Stripe accepted them, then reported them invalid: nothing was "
                             "billed. Fix the cause, then requeue or resolve them.",
-                            "rejected.index"))
+                            EVENTS, {"status": "rejected"},
+                            "Requeue or resolve them", "rejected.index"))
     for w in ov.waiting_for_meters:
         alerts.append(Alert("critical", f"{w.events:,} events wait for meter {w.meter}",
                             f"Stripe has no active meter named {w.meter!r} ({w.status}): "
                             "create or reactivate it in Stripe; they go out once it exists.",
-                            "stripe_side.index"))
+                            EVENTS, {"meter": w.meter, "status": ["pending", "retrying"]},
+                            "See Stripe's meters", "stripe_side.index"))
     rec = ov.last_reconciliation
     if rec is not None and rec.mismatches:
         alerts.append(Alert("critical", f"Reconciliation found {rec.mismatches:,} "
@@ -188,14 +215,24 @@ def _alerts(ov: Overview, stripe_mode: str, oldest_alert: timedelta) -> list[Ale
     if ov.events_read.ok is False:
         alerts.append(Alert("warning", "Stripe's error reports could not be read",
                             ov.events_read.detail or "", "stripe_side.index"))
-    if ov.unmapped:
-        names = ", ".join(u.tenant_id for u in ov.unmapped[:5])
-        more = f" and {len(ov.unmapped) - 5} more" if len(ov.unmapped) > 5 else ""
+    for u in ov.unmapped[:UNMAPPED_ALERTS]:
         alerts.append(Alert("warning",
-                            f"{len(ov.unmapped)} tenant{'s' if len(ov.unmapped) != 1 else ''} "
+                            f"Tenant {u.tenant_id} has no Stripe customer: "
+                            f"{u.events:,} event{'s' if u.events != 1 else ''} waiting",
+                            "Its events wait, neither attempted nor dead-lettered, until it "
+                            "is mapped.",
+                            EVENTS, {"tenant": u.tenant_id, "status": ["pending", "retrying"]},
+                            "Map the tenant", "tenants.mappings", {"tenant": u.tenant_id}))
+    if len(ov.unmapped) > UNMAPPED_ALERTS:
+        rest = ov.unmapped[UNMAPPED_ALERTS:]
+        alerts.append(Alert("warning",
+                            f"{len(rest)} more tenant{'s' if len(rest) != 1 else ''} "
                             "without a Stripe customer "
-                            f"{'have' if len(ov.unmapped) != 1 else 'has'} waiting events",
-                            f"{names}{more}: map them to start sending", "tenants.index"))
+                            f"{'have' if len(rest) != 1 else 'has'} waiting events",
+                            ", ".join(u.tenant_id for u in rest[:5])
+                            + (" and more" if len(rest) > 5 else "") + ": map them to start "
+                            "sending", "tenants.mappings", {},
+                            "Map the tenants", "tenants.mappings"))
     return alerts
 
 

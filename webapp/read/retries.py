@@ -22,6 +22,8 @@ class Histogram:
     label: str
     rows: dict[int, dict[str, int]]     # attempt_count -> key -> events
     keys: list[str]
+    #: The status all its events have (its bars link to them), None for a sample.
+    status: str | None = None
 
     @property
     def total(self) -> int:
@@ -57,11 +59,12 @@ def retries(engine: Engine, *, now: datetime, split: str = "outcome",
                          sql_str("none")))
     recent = (select(T.c.id).where(status_is("sent"), T.c.sent_at.is_not(None))
               .order_by(T.c.sent_at.desc()).limit(RECENT_SENT).scalar_subquery())
-    groups = (("Retrying now", (status_is("retrying"), IDLE_UNSENT)),
-              ("Dead now", (status_is("dead"), IDLE_UNSENT)),
-              (f"Last {RECENT_SENT:,} sent", (T.c.id.in_(recent),)))
+    groups = (("Retrying now", (status_is("retrying"), IDLE_UNSENT), "retrying"),
+              ("Dead now", (status_is("dead"), IDLE_UNSENT), "dead"),
+              (f"Last {RECENT_SENT:,} sent", (T.c.id.in_(recent),), None))
     with reading(engine) as conn:
-        histograms = [_histogram(conn, label, where, key) for label, where in groups]
+        histograms = [_histogram(conn, label, where, key, status)
+                      for label, where, status in groups]
         rows = conn.execute(
             select(T.c.id, T.c.tenant_id, T.c.meter, T.c.quantity, T.c.attempt_count,
                    T.c.call_count, T.c.next_attempt_at, T.c.last_outcome, T.c.last_error_code,
@@ -74,7 +77,8 @@ def retries(engine: Engine, *, now: datetime, split: str = "outcome",
     return RetriesPage(now, split, histograms, [row_dict(r) for r in rows], total)
 
 
-def _histogram(conn: Connection, label: str, where: Sequence[Any], key: Any) -> Histogram:
+def _histogram(conn: Connection, label: str, where: Sequence[Any], key: Any,
+               status: str | None = None) -> Histogram:
     inner = select(T.c.attempt_count.label("n"), key.label("k")).where(*where).subquery()
     rows: dict[int, dict[str, int]] = defaultdict(dict)
     keys: dict[str, int] = defaultdict(int)
@@ -83,4 +87,4 @@ def _histogram(conn: Connection, label: str, where: Sequence[Any], key: Any) -> 
         rows[int(n)][str(k)] = int(c)
         keys[str(k)] += int(c)
     ordered = sorted(keys, key=lambda k: (-keys[k], k))
-    return Histogram(label, dict(sorted(rows.items())), ordered)
+    return Histogram(label, dict(sorted(rows.items())), ordered, status)

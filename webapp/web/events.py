@@ -45,11 +45,16 @@ SENT_FROM, SENT_TO = Day("sent_from"), Day("sent_to")
 DUE = Flag("due", on="1", source="query")
 AGE = Text("age", 10, choices=lists.AGES)
 CODE = Text("code", 100)
+ERROR_CLASS = Text("error_class", 100)
+HTTP = Text("http", 3, pattern=r"[0-9]{3}|-")
+WHY = Text("why", 30, choices=lists.WHY)
+REJECT_CODE = Text("reject_code", 100)
 OUTCOME = Text("outcome", 20, pattern=r"[a-z_]+")
 AUDIT_ID = Int("audit", 1, MAX_ID)
 ATTEMPTS = IntRange("attempts", 0, 1_000_000)
 LIST_FILTERS = (STATUS, TENANT, CUSTOMER, METER, CREATED_FROM, CREATED_TO, OCCURRED_FROM,
-                OCCURRED_TO, SENT_FROM, SENT_TO, DUE, AGE, CODE, OUTCOME, AUDIT_ID, ATTEMPTS)
+                OCCURRED_TO, SENT_FROM, SENT_TO, DUE, AGE, CODE, ERROR_CLASS, HTTP, WHY,
+                REJECT_CODE, OUTCOME, AUDIT_ID, ATTEMPTS)
 LIMIT = Int("limit", 1, lists.MAX_LIMIT, default=lists.DEFAULT_LIMIT, clamp=True)
 BEFORE = Int("before", 1, MAX_ID)
 
@@ -63,7 +68,8 @@ def list_filters() -> lists.EventFilters:
         created_from=CREATED_FROM.get(), created_to=CREATED_TO.get(),
         occurred_from=OCCURRED_FROM.get(), occurred_to=OCCURRED_TO.get(),
         sent_from=SENT_FROM.get(), sent_to=SENT_TO.get(), due=DUE.get(), age=AGE.get(),
-        code=CODE.get(), outcome=OUTCOME.get(), audit=AUDIT_ID.get(),
+        code=CODE.get(), error_class=ERROR_CLASS.get(), http=HTTP.get(), why=WHY.get(),
+        reject_code=REJECT_CODE.get(), outcome=OUTCOME.get(), audit=AUDIT_ID.get(),
         attempts_min=lo, attempts_max=hi)
 
 

@@ -112,6 +112,20 @@ def event_url(event_id: int) -> str:
     return _prefix("events.show", event_id=1) + str(int(event_id))
 
 
+#: A usage figure's status, as the events list filters it: "pending" on the usage pages
+#: counts the events in flight too (``read.tenants.usage_in``).
+USAGE_LIST_STATUSES = {"pending": ("pending", "processing")}
+
+
+def usage_events_url(tenant_id: str, meter: str, status: str, start: str, end: str) -> str:
+    """The events list of exactly the events a usage figure counts: that tenant, meter and
+    status, occurred on the UTC days ``start`` to ``end``."""
+    query = urlencode({"tenant": tenant_id, "meter": meter,
+                       "status": list(USAGE_LIST_STATUSES.get(status, (status,))),
+                       "occurred_from": start, "occurred_to": end}, doseq=True)
+    return _prefix("events.show", event_id=1).rstrip("/") + "?" + query
+
+
 def usage_rows(rows: Iterable[Any], statuses: tuple[str, ...], **params: Any) -> Markup:
     """The body rows of the usage table: tenant (linked, with ``params``), customer, meter,
     then units and events per status. Built here rather than in the template: a 400-row
@@ -120,6 +134,7 @@ def usage_rows(rows: Iterable[Any], statuses: tuple[str, ...], **params: Any) ->
     own status names."""
     base, sep, query = tenant_url("", **params).partition("?")
     query = escape(sep + query)
+    start, end = str(params.get("from", "")), str(params.get("to", ""))
     out = []
     for r in rows:
         t, m = escape(r.tenant_id), escape(r.meter)
@@ -129,9 +144,11 @@ def usage_rows(rows: Iterable[Any], statuses: tuple[str, ...], **params: Any) ->
         cells = []
         for s in statuses:
             q, n = int(r.quantity[s]), int(r.events[s])
+            shown = (f'<a href="{escape(usage_events_url(r.tenant_id, r.meter, s, start, end))}"'
+                     f'>{n:,}</a>' if n else f"{n:,}")
             cells.append(f'<td class="num{" zero" if not q else ""}" data-col="{s}_quantity">'
                          f'{q:,}</td><td class="num sub{" zero" if not n else ""}" '
-                         f'data-col="{s}_events">{n:,}</td>')
+                         f'data-col="{s}_events">{shown}</td>')
         out.append(f'<tr data-tenant="{t}" data-meter="{m}"><td><a href="'
                    f'{escape(base)}{escape(quote(r.tenant_id, safe=""))}{query}">{t}</a>'
                    f'{name}</td><td>{customer}</td><td>{m}</td>{"".join(cells)}</tr>\n')
@@ -149,6 +166,7 @@ def init_app(app: Flask) -> None:
     app.jinja_env.globals.update(when=when, qs=qs, csrf_token=csrf_token, chrome=chrome,
                                  has_role=has_role, escape=escape, tenant_url=tenant_url,
                                  event_url=event_url, usage_rows=usage_rows,
+                                 usage_events_url=usage_events_url,
                                  min_password=MIN_PASSWORD)
 
     @app.context_processor

@@ -27,6 +27,8 @@ LIMIT, AFTER, BEFORE = page_fields(50, MAX_PAGE)
 TENANT_ID = Text("tenant_id", TENANT_MAX, source="form")
 CUSTOMER = Text("stripe_customer_id", 255, source="form")
 NAME = Text("name", 200, source="form")
+#: The tenant id the mapping form starts with.
+PREFILL = Text("tenant", TENANT_MAX)
 
 CSV_HEADER = ["tenant_id", "tenant_name", "stripe_customer_id", "meter"] + [
     f"{status}_{what}" for status in reads.USAGE_STATUSES for what in ("events", "quantity")]
@@ -67,10 +69,13 @@ def _quick_periods() -> list[tuple[str, date, date]]:
 
 @bp.get("/mappings")
 @require_role("viewer")
+@accepts(PREFILL)
 def mappings() -> ResponseReturnValue:
-    """Every tenant and its Stripe customer, and those waiting for one."""
+    """Every tenant and its Stripe customer, and those waiting for one; ``tenant`` fills in
+    the mapping form (an alert's "Map the tenant")."""
     data = reads.mappings(svc().engine)
-    return render("tenants/mappings.html", tenants=data.tenants, unmapped=data.unmapped)
+    return render("tenants/mappings.html", tenants=data.tenants, unmapped=data.unmapped,
+                  prefill=PREFILL.get())
 
 
 @bp.get("/tenants.csv")
