@@ -77,7 +77,7 @@ class EventFilters:
     why: str = ""
     reject_code: str = ""
     outcome: str = ""
-    audit: int | None = None
+    audit: tuple[int, ...] = ()
     attempts_min: int | None = None
     attempts_max: int | None = None
 
@@ -105,8 +105,8 @@ class EventFilters:
                 out[name] = value.isoformat()
         if self.due:
             out["due"] = "1"
-        if self.audit is not None:
-            out["audit"] = str(self.audit)
+        if self.audit:
+            out["audit"] = [str(a) for a in self.audit]
         if self.attempts_min is not None or self.attempts_max is not None:
             out["attempts"] = attempts_text(self.attempts_min, self.attempts_max)
         return out
@@ -118,6 +118,8 @@ class EventFilters:
         """These filters less one (``status`` less one of its values)."""
         if name == "status" and value is not None:
             return replace(self, status=tuple(s for s in self.status if s != value))
+        if name == "audit" and value is not None:
+            return replace(self, audit=tuple(a for a in self.audit if str(a) != value))
         if name == "attempts":
             return replace(self, attempts_min=None, attempts_max=None)
         default: Any = {f.name: f.default for f in fields(self)}[name]
@@ -157,8 +159,8 @@ class EventFilters:
             add(f"dead because: {WHY[self.why]}", "why")
         if self.outcome:
             add(f"last outcome {self.outcome}", "outcome")
-        if self.audit is not None:
-            add(f"touched by audit entry #{self.audit}", "audit")
+        for a in self.audit:
+            add(f"touched by audit entry #{a}", "audit", str(a))
         if self.attempts_min is not None or self.attempts_max is not None:
             lo, hi = self.attempts_min, self.attempts_max
             words = (f"exactly {lo} attempt{'s' if lo != 1 else ''}" if lo == hi else
@@ -246,9 +248,9 @@ def _common(conn: Connection, f: EventFilters, now: datetime) -> list[Any]:
                      exhausted & ~past if f.why == "exhausted" else ~past & ~exhausted)
     if f.outcome:
         where.append(T.c.last_outcome == f.outcome)
-    if f.audit is not None:
+    if f.audit:
         where.append(T.c.id.in_(select(AUDIT_EVENTS.c.event_id)
-                                .where(AUDIT_EVENTS.c.audit_id == f.audit)))
+                                .where(AUDIT_EVENTS.c.audit_id.in_(f.audit))))
     if f.attempts_min is not None:
         where.append(T.c.attempt_count >= f.attempts_min)
     if f.attempts_max is not None:
@@ -343,9 +345,9 @@ FAILED_AGAIN = ("dead", "rejected")
 
 @dataclass(frozen=True)
 class Tracking:
-    """What became of the events one audit entry (a bulk action) touched."""
+    """What became of the events some audit entries (a bulk action) touched."""
 
-    audit_id: int
+    audit_ids: tuple[int, ...]
     action: str
     actor: str
     at: datetime
@@ -360,23 +362,29 @@ class Tracking:
         """Nothing is still on its way: polling may stop."""
         return self.waiting == 0
 
+    @property
+    def requeue(self) -> bool:
+        return "requeue" in self.action
 
-def tracking(engine: Engine, audit_id: int) -> Tracking | None:
-    """The fate of an audit entry's events by status; None when there is no such entry."""
+
+def tracking(engine: Engine, audit_ids: tuple[int, ...]) -> Tracking | None:
+    """The fate of the audit entries' events by status (each event once); None when there is
+    no such entry."""
     with reading(engine) as conn:
-        entry = conn.execute(select(AUDIT.c.action, AUDIT.c.actor, AUDIT.c.at)
-                             .where(AUDIT.c.id == audit_id)).first()
-        if entry is None:
+        entries = conn.execute(select(AUDIT.c.action, AUDIT.c.actor, AUDIT.c.at)
+                               .where(AUDIT.c.id.in_(audit_ids)).order_by(AUDIT.c.id)).all()
+        if not entries:
             return None
         by = {str(s): int(n) for s, n in conn.execute(
             select(T.c.status, func.count())
             .where(T.c.id.in_(select(AUDIT_EVENTS.c.event_id)
-                              .where(AUDIT_EVENTS.c.audit_id == audit_id)))
+                              .where(AUDIT_EVENTS.c.audit_id.in_(audit_ids))))
             .group_by(T.c.status))}
     total = sum(by.values())
     sent = sum(by.get(s, 0) for s in SETTLED_SENT)
     waiting = sum(by.get(s, 0) for s in STILL_WAITING)
     failed = sum(by.get(s, 0) for s in FAILED_AGAIN)
-    row = row_dict(entry)
-    return Tracking(audit_id, row["action"], row["actor"], row["at"], total, sent, waiting,
-                    failed, total - sent - waiting - failed)
+    first = row_dict(entries[0])
+    actions = sorted({str(e.action) for e in entries})
+    return Tracking(audit_ids, " and ".join(actions), first["actor"], first["at"], total,
+                    sent, waiting, failed, total - sent - waiting - failed)

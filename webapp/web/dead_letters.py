@@ -142,16 +142,18 @@ def requeue_all() -> ResponseReturnValue:
         return redirect(back, code=303)
     return _do_requeue(ok, forced, back, note="requeue all matching "
                        + (", ".join(f"{k}={v}" for k, v in snap.get("filters", {}).items())
-                          or "(no filter)"))
+                          or "(no filter)"), track=True)
 
 
-def _do_requeue(ok: list[int], forced: list[int], back: str, *, note: str | None
-                ) -> ResponseReturnValue:
+def _do_requeue(ok: list[int], forced: list[int], back: str, *, note: str | None,
+                track: bool = False) -> ResponseReturnValue:
     """Requeue ``ok`` normally and ``forced`` with force: two all-or-nothing steps, so a
-    forced resend never clears the unknown-outcome clock of an event that did not need it."""
+    forced resend never clears the unknown-outcome clock of an event that did not need it.
+    ``track``: then show what becomes of them (the events list of the audit entries)."""
     user = current_user()
     assert user is not None
     engine, window, done = svc().engine, _window(), 0
+    audits: list[int] = []
     back_to(back)
     for ids, force in ((ok, False), (forced, True)):
         if not ids:
@@ -163,11 +165,17 @@ def _do_requeue(ok: list[int], forced: list[int], back: str, *, note: str | None
             if not done:
                 raise  # nothing changed: the usual refusal
             flash(f"Requeued {done:,}; then nothing more changed: {exc}", "error")
-            return redirect(back, code=303)
+            return redirect(_tracking(audits) if track else back, code=303)
         done += len(result.event_ids)
+        audits.append(result.audit_id)
     flash(f"Requeued {done:,} event(s)" + (f", {len(forced):,} of them forced" if forced else "")
           + ".", "ok")
-    return redirect(back, code=303)
+    return redirect(_tracking(audits) if track else back, code=303)
+
+
+def _tracking(audit_ids: list[int]) -> str:
+    """The page that follows what becomes of a bulk action's events."""
+    return url_for("events.find", audit=audit_ids)
 
 
 def _refusal(classes: dict[str, list[int]]) -> str:

@@ -22,6 +22,7 @@ from .params import (
     Choices,
     Day,
     Flag,
+    Ids,
     Int,
     IntRange,
     Text,
@@ -50,7 +51,7 @@ HTTP = Text("http", 3, pattern=r"[0-9]{3}|-")
 WHY = Text("why", 30, choices=lists.WHY)
 REJECT_CODE = Text("reject_code", 100)
 OUTCOME = Text("outcome", 20, pattern=r"[a-z_]+")
-AUDIT_ID = Int("audit", 1, MAX_ID)
+AUDIT_ID = Ids("audit", max_count=10, source="query")
 ATTEMPTS = IntRange("attempts", 0, 1_000_000)
 LIST_FILTERS = (STATUS, TENANT, CUSTOMER, METER, CREATED_FROM, CREATED_TO, OCCURRED_FROM,
                 OCCURRED_TO, SENT_FROM, SENT_TO, DUE, AGE, CODE, ERROR_CLASS, HTTP, WHY,
@@ -69,7 +70,7 @@ def list_filters() -> lists.EventFilters:
         occurred_from=OCCURRED_FROM.get(), occurred_to=OCCURRED_TO.get(),
         sent_from=SENT_FROM.get(), sent_to=SENT_TO.get(), due=DUE.get(), age=AGE.get(),
         code=CODE.get(), error_class=ERROR_CLASS.get(), http=HTTP.get(), why=WHY.get(),
-        reject_code=REJECT_CODE.get(), outcome=OUTCOME.get(), audit=AUDIT_ID.get(),
+        reject_code=REJECT_CODE.get(), outcome=OUTCOME.get(), audit=tuple(AUDIT_ID.get()),
         attempts_min=lo, attempts_max=hi)
 
 
@@ -151,8 +152,7 @@ def find() -> ResponseReturnValue:
     filters = list_filters()
     limit = LIMIT.get()
     page = lists.event_list(svc().engine, filters, now=now(), before=BEFORE.get(), limit=limit)
-    track = (lists.tracking(svc().engine, filters.audit)
-             if filters.audit is not None else None)
+    track = lists.tracking(svc().engine, filters.audit) if filters.audit else None
     params = dict(filters.params(), **({"limit": limit} if limit != lists.DEFAULT_LIMIT
                                        else {}))
     return render("events/index.html", page=page, f=filters, params=params, limit=limit,

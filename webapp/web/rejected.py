@@ -78,4 +78,5 @@ def requeue_all() -> ResponseReturnValue:
     result = operations.requeue(svc().engine, ids, actor=user.email, now=now(),
                                 window_seconds=svc().settings.dedupe_window_seconds, note=note)
     flash(f"Requeued {len(result.event_ids):,} event(s), each under a new identifier.", "ok")
-    return redirect(back, code=303)
+    # On to what becomes of them: the events list of this action's audit entry.
+    return redirect(url_for("events.find", audit=result.audit_id), code=303)
