@@ -28,10 +28,15 @@ def summary(html: str) -> tuple[int, int, int, int]:
     return tuple(int(g.replace(",", "")) for g in found.groups())  # type: ignore[return-value]
 
 
-def polls(html: str) -> bool:
+def polls(html: str, url: str | None = None) -> bool:
+    """Whether the list's fragment polls (and, given ``url``, polls that address)."""
     head = re.search(r'<div id="events-fragment"[^>]*>', html)
     assert head
-    return 'hx-trigger="every' in head.group(0)
+    if 'hx-trigger="every' not in head.group(0):
+        return False
+    if url is not None:
+        assert f'hx-get="{url}"' in head.group(0), head.group(0)
+    return True
 
 
 def set_status(engine: Any, ids: list[int], status: str) -> None:
@@ -60,7 +65,8 @@ def test_dead_letters_requeue_all_lands_on_a_page_that_tracks_them(client_as, se
     html = client.get(target).get_data(as_text=True)
     assert sorted(listed(html), reverse=True) == sorted(ids, reverse=True)
     assert untouched not in listed(html) and count_of(html) == 4
-    assert summary(html) == (4, 0, 4, 0) and polls(html)
+    assert summary(html) == (4, 0, 4, 0) and polls(html, urlsplit(target).path + "?"
+                                                     + urlsplit(target).query)
     assert "Requeued 4 event(s)." in html
 
     set_status(engine, ids[:2], "sent")

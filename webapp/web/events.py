@@ -158,7 +158,7 @@ def find() -> ResponseReturnValue:
     return render("events/index.html", page=page, f=filters, params=params, limit=limit,
                   track=track, statuses=ALL_STATUSES, ages=lists.AGES,
                   paged=BEFORE.get() is not None,
-                  here=url_for("events.find", **params, before=BEFORE.get()))
+                  poll_url=url_for("events.find", **params, before=BEFORE.get()))
 
 
 @bp.get("/events.csv")
