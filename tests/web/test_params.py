@@ -124,3 +124,47 @@ def test_bytes_that_are_not_utf8_are_refused_escaped_or_raw(client_as: Any) -> N
                            + body[5:], content_type="application/x-www-form-urlencoded")
         assert resp.status_code == 400 and "“reason” is not valid UTF-8" in resp.get_data(
             as_text=True)
+
+
+@pytest.mark.parametrize(("query", "expected"), [
+    ("a=3", (3, 3)), ("a=2-5", (2, 5)), ("a=2-", (2, None)), ("a=-5", (None, 5)),
+    ("a=", None), ("a=0", (0, 0)), ("a=-", "bad"), ("a=5-2", "bad"), ("a=1001", "bad"),
+    ("a=1.5", "bad"), ("a=x", "bad"), ("a=1-2-3", "bad"), ("a=%EF%BC%91", "bad"),
+])
+def test_a_number_or_range(app: Flask, query: str, expected: Any) -> None:
+    from werkzeug.exceptions import BadRequest
+
+    from webapp.web.params import IntRange
+
+    field = IntRange("a", 0, 1000)
+
+    @accepts(field)
+    def view() -> Any:
+        return field.get()
+
+    with app.test_request_context(f"/?{query}"):
+        if expected == "bad":
+            with pytest.raises(BadRequest, match="“a”"):
+                view()
+        else:
+            assert view() == expected
+
+
+def test_repeated_choices(app: Flask) -> None:
+    from werkzeug.exceptions import BadRequest
+
+    from webapp.web.params import Choices
+
+    field = Choices("s", ("a", "b", "c"), max_count=3)
+
+    @accepts(field)
+    def view() -> Any:
+        return field.get()
+
+    with app.test_request_context("/?s=c&s=a&s=&s=a"):
+        assert view() == ("a", "c")  # in the choices' order, once each, blanks skipped
+    with app.test_request_context("/?s=a&s=d"), pytest.raises(BadRequest, match="“s”"):
+        view()
+    with app.test_request_context("/?s=a&s=b&s=c&s=a"), pytest.raises(BadRequest,
+                                                                       match="more than 3"):
+        view()
