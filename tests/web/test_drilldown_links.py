@@ -180,3 +180,20 @@ def test_audit_entries_of_bulk_actions_link_to_their_events(mix, engine, now,
                                                      "event_id": dead[0]}])
     links = check_links(client_as("viewer"), "/audit", at_least=1)
     assert (f"/events?audit={audit_id}", 1) in links
+
+
+def test_a_mismatch_links_to_the_events_sent_that_day(seed, now, client_as) -> None:
+    """Mismatches count units, not events: "our events" lists those the units came from."""
+    seed.tenant("acme", "cus_acme", "Acme")
+    day = now - timedelta(days=2)
+    ours = seed.events(2, status="sent", occurred_at=day, stripe_customer_id="cus_acme")
+    seed.event(status="sent", occurred_at=day, meter="tokens", stripe_customer_id="cus_acme")
+    seed.event(status="sent", occurred_at=now, stripe_customer_id="cus_acme")
+    seed.event(status="dead", occurred_at=day)
+    seed.stripe_history(now)
+    client = client_as("viewer")
+    html = client.get("/reconciliation").get_data(as_text=True)
+    link = re.search(r'<a href="(/events\?[^"]*)"[^>]*>our events</a>', html)
+    assert link
+    listed = client.get(html_lib.unescape(link.group(1))).get_data(as_text=True)
+    assert sorted(int(i) for i in re.findall(r'<tr data-id="(\d+)"', listed)) == sorted(ours)
