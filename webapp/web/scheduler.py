@@ -62,6 +62,7 @@ def start_scheduler(svc: Services) -> BackgroundScheduler:
     """Start the drain job (every OUTBOX_POLL_INTERVAL_SECONDS) and the maintenance jobs
     (each on its own cadence); all coalesced, one run of each at a time."""
     drainer = svc.drainer()
+    drainer.announce("app")
     lock = HostLock(svc.settings.database_url)
 
     def holding_lock(job: Callable[[], object], name: str) -> Callable[[], None]:
