@@ -79,7 +79,8 @@ def serve(host: str, port: int, workers: int) -> NoReturn:
     env.pop("FLASK_RUN_FROM_CLI", None)
     args = [sys.executable, "-m", "gunicorn", "--workers", str(workers), "--threads", "4",
             "--bind", f"{host}:{port}", "--graceful-timeout", "30",
-            "--access-logfile", "-", "--no-control-socket", "webapp.wsgi:app"]
+            "--access-logfile", "-", "--no-control-socket",
+            "--logger-class", "webapp.gunicorn_logging.GunicornLogger", "webapp.wsgi:app"]
     os.execve(sys.executable, args, env)  # noqa: S606 - fixed argv, no shell
 
 

@@ -23,6 +23,7 @@ from typing import IO
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from ..services import Services
+from ..stripe_gateway import StripeCallFailed
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,8 @@ def start_scheduler(svc: Services) -> BackgroundScheduler:
                 return
             try:
                 job()
+            except StripeCallFailed as exc:  # Stripe's trouble, not ours: one line
+                log.warning("in-app %s: %s; trying again at the next tick", name, exc)
             except Exception:
                 log.exception("in-app %s failed; trying again at the next tick", name)
         return tick
