@@ -799,3 +799,43 @@ def test_a_reset_password_is_changed_at_the_next_log_in_and_guessing_locks(
         boss.close()
         newbie.close()
         guesser.close()
+
+
+# -- issue 14: the status line during a Stripe outage ---------------------------------------------
+
+def test_an_outage_reads_holding_with_the_next_probe_then_sending(
+        admin: Visitor, browser_stack: Stack) -> None:
+    """Stripe refuses connections while events are due: the in-app drainer's breaker opens,
+    and every page's status line says "Holding" (in red, with the next probe call) instead
+    of a green "Sending"; once Stripe answers, the next probe gets through and it is green."""
+    from playwright.sync_api import expect
+
+    stack, page = browser_stack, admin.page
+    admin.ensure_login(ADMIN)
+    stack.fake.set_outage(True)
+    try:
+        with Session(stack.engine) as db, db.begin():
+            for i in range(16):
+                enqueue_usage(db, tenant_id="acme", quantity=1,
+                              idempotency_key=f"browser-outage-{i}")
+
+        def holding() -> bool:
+            admin.goto("/retries")
+            return page.locator("#status-line .status-title").inner_text() == "Holding"
+
+        wait_for(holding, 40, interval=0.5, message="the status line to say Holding")
+        status = page.locator("#status-line")
+        expect(status).to_have_class(re.compile(r"\bstatus-critical\b"))
+        expect(status).to_contain_text("Stripe is failing")
+        expect(status).to_contain_text("next probe call")
+        admin.shot("31-status-holding")
+    finally:
+        stack.fake.set_outage(False)
+
+    def sending() -> bool:
+        admin.goto("/")
+        return page.locator("#status-line .status-title").inner_text() == "Sending"
+
+    wait_for(sending, 90, interval=1, message="the status line to turn back to Sending")
+    expect(page.locator("#status-line")).to_have_class(re.compile(r"\bstatus-ok\b"))
+    admin.assert_clean()

@@ -125,9 +125,9 @@ def health(conn: Connection, *, now: datetime, api_key_here: bool) -> Health:
         since = _earliest(as_utc(b.holding_since) for b in holding)
         probe = _earliest(as_utc(b.next_probe_at) for b in holding)
         failure = next((b.last_failure for b in holding if b.last_failure), None)
-        return state("holding", f"Stripe is failing ({failure or 'calls fail'}); sending "
-                      f"is held back and retried with a probe call. {waiting} due.",
-                      since=since, next_probe_at=probe)
+        return state("holding", f"Stripe is failing: {failure or 'calls fail'}. Sending is "
+                     f"held back and tried again with one probe call. {waiting} due.",
+                     since=since, next_probe_at=probe)
     if active is not None and not active and listing.ok is False and due.held_by_meter:
         # Stripe's meters were never read: a drainer sends nothing until it can list them.
         why = listing.detail or "no answer"

@@ -13,8 +13,9 @@ from ..outbox.states import Outcome
 log = logging.getLogger(__name__)
 
 _FAILURE_WORDS = {
-    Outcome.NOT_EXECUTED: "Stripe refused to take calls (rate limited, locked or unavailable)",
-    Outcome.UNKNOWN: "calls to Stripe timed out, failed to connect or got server errors",
+    Outcome.NOT_EXECUTED: "Stripe could not be reached or turned the calls away "
+                          "(connection refused, rate limited, unavailable)",
+    Outcome.UNKNOWN: "calls to Stripe timed out or got server errors",
 }
 
 
