@@ -59,6 +59,7 @@ def test_tenants_billed_to_a_customer(viewer, seed) -> None:
     seed.tenant("acme", "cus_acme", "Acme")
     seed.tenant("acme-eu", "cus_acme", "Acme Europe")
     seed.tenant("other", "cus_other", "Other")
+    seed.tenant("fan", None, "The cus_other fan club")  # a Stripe id is not looked for in names
     assert viewer.get("/search?q=cus_other").headers["Location"] == "/tenants/other"
     html = viewer.get("/search?q=cus_acme").get_data(as_text=True)
     group = section(html, "tenants")

@@ -9,7 +9,8 @@ prefixes as ranges (``lo <= column < hi``) over the same indexes. A range is wha
 serves under any collation; it is exactly "starts with" where the collation orders by code
 point (SQLite's ``BINARY``, PostgreSQL's ``C`` and ``C.UTF-8``), and the ``LIKE`` beside it
 keeps only true prefixes where it does not. The one scan is the tenant-name search over
-``billing_tenants`` (a substring has no index), bounded by its ``LIMIT``.
+``billing_tenants`` (a substring has no index): bounded by its ``LIMIT``, and skipped for a
+query shaped like a Stripe id (at 100,000 tenants a miss reads them all in about 20 ms).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ MAX_QUERY = 255
 #: The largest number an event id can be (a 64-bit signed integer).
 _MAX_ID = 2**63 - 1
 _REQUEUED = re.compile(r"~r[0-9]+$")
+#: A Stripe customer or request id, as pasted from Stripe.
+_STRIPE_ID = re.compile(r"(cus|req)_[A-Za-z0-9]+")
 
 
 @dataclass
@@ -107,8 +110,9 @@ def _tenants(conn: Connection, q: str, out: Group) -> None:
                          .order_by(TENANTS.c.tenant_id)), "tenant_id", "billed to this customer")
     _fill(out, _rows(conn, select(*_TENANT_COLS).where(prefix_range(TENANTS.c.tenant_id, q))
                      .order_by(TENANTS.c.tenant_id)), "tenant_id", "tenant id starts with it")
-    _fill(out, _rows(conn, select(*_TENANT_COLS).where(ascii_icontains(TENANTS.c.name, q))),
-          "tenant_id", "name contains it")
+    if not _STRIPE_ID.fullmatch(q):  # Stripe's ids are not in names: spare the scan
+        _fill(out, _rows(conn, select(*_TENANT_COLS).where(ascii_icontains(TENANTS.c.name, q))),
+              "tenant_id", "name contains it")
 
 
 def _events(conn: Connection, q: str, out: Group) -> None:
