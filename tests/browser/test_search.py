@@ -161,3 +161,15 @@ def test_a_miss_keeps_the_query_and_says_what_to_try(agent: Visitor) -> None:
     agent.shot("search-04-miss")
     agent.assert_clean()
 
+
+
+def test_results_fit_a_phone(agent: Visitor) -> None:
+    page = agent.page
+    page.set_viewport_size({"width": 390, "height": 844})
+    try:
+        search(agent, "invoice:")
+        assert page.get_by_role("heading", name="Events 3").is_visible()
+        agent.shot("search-05-phone")  # fails if the page is wider than the window
+    finally:
+        page.set_viewport_size({"width": 1280, "height": 900})
+    agent.assert_clean()
