@@ -617,6 +617,14 @@ def routes(engine: Any, settings: Any) -> list[Route]:
         ("requeue-all rejected preview", "/rejected/requeue-all"),
         ("reconciliation (last run, 60 mismatches)", "/reconciliation"),
         ("Stripe's side", "/stripe"),
+        # The search box: a name matching many tenants, a key prefix matching thousands of
+        # events (capped), and misses that still ask each index (a request id, a customer)
+        # and read every tenant's name. One hit redirects: not a page to measure.
+        ("search, tenant name (many)", "/search?q=Tenant%201"),
+        ("search, key prefix (thousands, capped)", "/search?q=usage_log:1"),
+        ("search, a request id (miss)", "/search?q=req_0000nothere"),
+        ("search, a customer (miss)", "/search?q=cus_nobody"),
+        ("search, nothing matches", "/search?q=nothing-matches-this"),
     ]
     out = []
     for label, path in pages:

@@ -32,6 +32,8 @@ VARIANTS: dict[str, list[str]] = {
     "dead_letters.requeue_all_preview": [""],
     "dashboard.retries": ["", "split=code"],
     "events.find": ["q=order:1", "q=nothing-here"],
+    "search.index": ["", "q=acme", "q=cus_acme", "q=order:", "q=key-", "q=req_x",
+                     "q=nothing-here"],
     "audit.index": ["", "actor=cli"],
     "rejected.index": ["", "code=meter_event_customer_not_found"],
     "reconciliation.index": ["", "run=1"],

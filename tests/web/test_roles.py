@@ -26,6 +26,7 @@ PAGES = [
     ("/rejected", "viewer"), ("/rejected?code=meter_event_customer_not_found", "viewer"),
     ("/rejected/requeue-all", "operator"), ("/reconciliation", "viewer"), ("/stripe", "viewer"),
     ("/events/{sent}", "viewer"), ("/events/{sent}/cancel", "operator"),
+    ("/search", "viewer"), ("/search?q=key-", "viewer"),
 ]
 
 

@@ -22,6 +22,13 @@ class Tenant(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
+    __table_args__ = (
+        # Search: the tenants billed to a Stripe customer (migration 0009).
+        Index("ix_tenants_customer", "stripe_customer_id",
+              postgresql_where=text("stripe_customer_id IS NOT NULL"),
+              sqlite_where=text("stripe_customer_id IS NOT NULL")),
+    )
+
 
 #: Partial-index predicates that queries outside this module repeat word for word (so that
 #: SQLite, which matches a partial index by the terms of its predicate, can use the index).
@@ -181,6 +188,10 @@ class DeliveryAttempt(Base):
         # Failure rates and /metrics read recent calls from the index alone (migration 0002);
         # it serves every range on attempted_at.
         Index("ix_attempts_recent", "attempted_at", "outcome", "duration_ms"),
+        # Search: the calls Stripe answered under a request id (migration 0009).
+        Index("ix_attempts_request_id", "stripe_request_id",
+              postgresql_where=text("stripe_request_id IS NOT NULL"),
+              sqlite_where=text("stripe_request_id IS NOT NULL")),
     )
 
 

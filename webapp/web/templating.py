@@ -118,6 +118,25 @@ def event_url(event_id: int) -> str:
     return _prefix("events.show", event_id=1) + str(int(event_id))
 
 
+#: Stripe's dashboard; test-mode objects live under ``/test/``.
+STRIPE_DASHBOARD = "https://dashboard.stripe.com/"
+_STRIPE_PAGES = {"customer": "customers/", "request": "logs/"}
+
+
+def stripe_url(kind: str, stripe_id: str) -> str:
+    """Where Stripe's dashboard shows a customer (``cus_…``) or a request (``req_…``): under
+    ``/test/`` unless the API key is a live one (its prefix decides; the key is never shown)."""
+    mode = "" if svc().settings.stripe_mode == "live" else "test/"
+    return STRIPE_DASHBOARD + mode + _STRIPE_PAGES[kind] + quote(stripe_id, safe="")
+
+
+def stripe_link(kind: str, stripe_id: str, label: str = "in Stripe") -> Markup:
+    """A link to ``stripe_url`` that opens a new tab, and says so to screen readers."""
+    return Markup('<a class="stripe-link" href="{0}" target="_blank" rel="noopener noreferrer">'
+                  '{1}<span class="visually-hidden"> (opens Stripe in a new tab)</span></a>'
+                  ).format(stripe_url(kind, stripe_id), label)
+
+
 def usage_rows(rows: Iterable[Any], statuses: tuple[str, ...], **params: Any) -> Markup:
     """The body rows of the usage table: tenant (linked, with ``params``), customer, meter,
     then units and events per status. Built here rather than in the template: a 400-row
@@ -130,7 +149,8 @@ def usage_rows(rows: Iterable[Any], statuses: tuple[str, ...], **params: Any) ->
     for r in rows:
         t, m = escape(r.tenant_id), escape(r.meter)
         name = f'<span class="sub muted"> {escape(r.name)}</span>' if r.name else ""
-        customer = (f"<code>{escape(r.stripe_customer_id)}</code>" if r.stripe_customer_id
+        customer = (f"<code>{escape(r.stripe_customer_id)}</code> "
+                    f"{stripe_link('customer', r.stripe_customer_id)}" if r.stripe_customer_id
                     else '<span class="badge badge-warn">not mapped</span>')
         cells = []
         for s in statuses:
@@ -155,6 +175,7 @@ def init_app(app: Flask) -> None:
     app.jinja_env.globals.update(when=when, qs=qs, csrf_token=csrf_token, chrome=chrome,
                                  has_role=has_role, escape=escape, tenant_url=tenant_url,
                                  event_url=event_url, usage_rows=usage_rows,
+                                 stripe_url=stripe_url, stripe_link=stripe_link,
                                  min_password=MIN_PASSWORD)
 
     @app.context_processor
