@@ -81,3 +81,28 @@ def test_pick_a_range_read_the_axes_and_the_table(viewer: Visitor,
     assert page.evaluate(CLIPPED_TICKS) == []
     page.screenshot(path=str(SHOTS / "charts-overview-1h-phone.png"), full_page=True)
     viewer.assert_clean()
+
+
+def test_a_tenant_opened_from_the_usage_table_keeps_its_period(
+        viewer: Visitor, browser_stack: Stack) -> None:  # noqa: F811
+    from playwright.sync_api import expect
+
+    page = viewer.page
+    viewer.ensure_login(VIEWER)
+    page.set_viewport_size({"width": 1280, "height": 900})
+    viewer.goto("/tenants")
+    with page.expect_navigation():
+        page.get_by_role("link", name="Last 7 days").click()
+    start, end = re.search(r"from=([\d-]+)&to=([\d-]+)", page.url).groups()
+    with page.expect_navigation():
+        page.locator("#usage-table").get_by_role("link", name="acme").click()
+    expect(page.locator(".period-line")).to_contain_text(f"{start} – {end}")
+    expect(page.get_by_role("link", name="Last 7 days")).to_have_attribute("aria-current", "true")
+    chart = page.locator("#tenant-daily")
+    expect(chart.locator("figcaption")).to_contain_text("Sent events by the day they occurred")
+    assert len(chart.locator("text.x-tick").all_text_contents()) == 7
+    viewer.shot("charts-tenant-last-7-days")
+    with page.expect_navigation():
+        page.get_by_role("link", name="All tenants, same period").click()
+    assert f"from={start}&to={end}" in page.url
+    viewer.assert_clean()

@@ -195,3 +195,9 @@ def test_retries_histograms_have_a_count_axis_and_a_table(client_as, seed) -> No
     fig = html.split('id="hist-1"', 1)[1].split("</figure>", 1)[0]
     assert re.findall(r'class="tick y-tick"[^>]*>([^<]+)<', fig) == ["0", "2", "4", "6", "8"]
     assert "attempts that counted" in fig and "Show as table" in fig
+    # even one key is named in a legend, and coloured as that key
+    assert re.search(r'<ul class="legend"><li><span class="swatch s0"></span>not_executed</li>',
+                     fig)
+    assert '<rect class="seg s0"' in fig and "every bar is 0" not in fig
+    empty = html.split('id="hist-2"', 1)[1].split("</figure>", 1)[0]      # nothing dead
+    assert "every bar is 0" in empty and "<rect" not in empty

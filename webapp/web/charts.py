@@ -95,6 +95,11 @@ class Chart:
     height: int = HEIGHT
 
     @property
+    def stacked(self) -> bool:
+        """Bars split by named series (coloured, with a legend)."""
+        return any(self.series)
+
+    @property
     def left(self) -> int:
         return LEFT
 
