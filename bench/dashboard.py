@@ -591,10 +591,14 @@ def routes(engine: Any, settings: Any) -> list[Route]:
     span = f"from={(today - timedelta(days=DAYS - 1)).isoformat()}&to={today.isoformat()}"
     pages = [
         ("overview", "/"),
+        ("overview, chart of the last hour", "/?range=1h"),
+        ("overview, chart of 7 days", "/?range=7d"),
+        ("overview, chart of 30 days", "/?range=30d"),
         ("retries", "/retries"),
         ("tenants (this month)", "/tenants"),
         (f"tenants ({DAYS} days)", f"/tenants?{span}"),
         (f"tenant page ({big_tenant}, the largest)", f"/tenants/{big_tenant}"),
+        (f"tenant page ({big_tenant}, {DAYS} days)", f"/tenants/{big_tenant}?{span}"),
         ("mappings", "/mappings"),
         ("dead letters", "/dead-letters"),
         (f"dead letters, tenant={dead_tenant}", f"/dead-letters?tenant={dead_tenant}"),
@@ -633,6 +637,7 @@ def routes(engine: Any, settings: Any) -> list[Route]:
     out += [Route(label, path, page=False) for label, path in (
         ("tenants CSV (this month)", "/tenants.csv"),
         (f"tenants CSV ({DAYS} days)", f"/tenants.csv?{span}"),
+        (f"tenants CSV ({DAYS} days, {big_tenant})", f"/tenants.csv?{span}&tenant={big_tenant}"),
         ("audit CSV", "/audit.csv"),
         ("Prometheus metrics", "/metrics"),
         ("liveness", "/healthz"),

@@ -30,6 +30,7 @@ VARIANTS: dict[str, list[str]] = {
     "dead_letters.index": ["", "status=resolved", "q=customer&age=7d", "tenant=acme"],
     "dead_letters.groups": [""],
     "dead_letters.requeue_all_preview": [""],
+    "dashboard.overview": ["", "range=1h", "range=7d", "range=30d"],
     "dashboard.retries": ["", "split=code"],
     "events.find": ["q=order:1", "q=nothing-here"],
     "search.index": ["", "q=acme", "q=cus_acme", "q=order:", "q=key-", "q=req_x",
