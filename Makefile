@@ -21,8 +21,12 @@ run: $(STAMP)
 	@HOST=$(HOST) PORT=$(PORT) $(BIN)/python -m webapp.first_run
 	$(BIN)/billing-outbox serve --host $(HOST) --port $(PORT)
 
+# Two processes, each taking whole test files (module fixtures such as the browser's served
+# stack stay in one process); PostgreSQL tests each have a schema of their own.
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check webapp tests bench

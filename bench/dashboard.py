@@ -591,10 +591,14 @@ def routes(engine: Any, settings: Any) -> list[Route]:
     span = f"from={(today - timedelta(days=DAYS - 1)).isoformat()}&to={today.isoformat()}"
     pages = [
         ("overview", "/"),
+        ("overview, chart of the last hour", "/?range=1h"),
+        ("overview, chart of 7 days", "/?range=7d"),
+        ("overview, chart of 30 days", "/?range=30d"),
         ("retries", "/retries"),
         ("tenants (this month)", "/tenants"),
         (f"tenants ({DAYS} days)", f"/tenants?{span}"),
         (f"tenant page ({big_tenant}, the largest)", f"/tenants/{big_tenant}"),
+        (f"tenant page ({big_tenant}, {DAYS} days)", f"/tenants/{big_tenant}?{span}"),
         ("mappings", "/mappings"),
         ("dead letters", "/dead-letters"),
         (f"dead letters, tenant={dead_tenant}", f"/dead-letters?tenant={dead_tenant}"),
@@ -629,6 +633,14 @@ def routes(engine: Any, settings: Any) -> list[Route]:
         ("events list, due now", "/events?due=1"),
         ("events list, sent today", f"/events?sent_from={today.isoformat()}"),
         ("events list, code=api_error", "/events?status=dead&code=api_error"),
+        # The search box: a name matching many tenants, a key prefix matching thousands of
+        # events (capped), and misses that still ask each index (a request id, a customer)
+        # and read every tenant's name. One hit redirects: not a page to measure.
+        ("search, tenant name (many)", "/search?q=Tenant%201"),
+        ("search, key prefix (thousands, capped)", "/search?q=usage_log:1"),
+        ("search, a request id (miss)", "/search?q=req_0000nothere"),
+        ("search, a customer (miss)", "/search?q=cus_nobody"),
+        ("search, nothing matches", "/search?q=nothing-matches-this"),
     ]
     out = []
     for label, path in pages:
@@ -637,6 +649,7 @@ def routes(engine: Any, settings: Any) -> list[Route]:
     out += [Route(label, path, page=False) for label, path in (
         ("tenants CSV (this month)", "/tenants.csv"),
         (f"tenants CSV ({DAYS} days)", f"/tenants.csv?{span}"),
+        (f"tenants CSV ({DAYS} days, {big_tenant})", f"/tenants.csv?{span}&tenant={big_tenant}"),
         ("audit CSV", "/audit.csv"),
         ("events CSV, status=dead, code=api_error", "/events.csv?status=dead&code=api_error"),
         ("Prometheus metrics", "/metrics"),

@@ -264,3 +264,16 @@ def wait_for(predicate: Any, timeout: float, interval: float = 0.1, message: str
             return
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {message or predicate}")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Captured output and logs that hold a lone surrogate (the poisoned-answer tests send
+    one) shown escaped: a parallel run's workers send reports as UTF-8, which has none."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    report.sections = [(title, _printable(text)) for title, text in report.sections]
+
+
+def _printable(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")

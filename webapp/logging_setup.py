@@ -100,6 +100,12 @@ class JsonFormatter(logging.Formatter):
 _configured = False
 
 
+class _NotSkippedTicks(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "maximum number of running instances reached" not in record.getMessage()
+
+
+
 def configure_logging(fmt: str, level: str, secrets: Iterable[str | None] = ()) -> None:
     """Install one handler on the ``webapp`` logger (idempotent), and the redactor on it and
     on every other handler; ``secrets`` are redacted wherever they appear."""
@@ -113,5 +119,14 @@ def configure_logging(fmt: str, level: str, secrets: Iterable[str | None] = ()) 
             "%(asctime)s %(levelname)s %(name)s: %(message)s"))
         logger.addHandler(handler)
         logger.propagate = False
+        # APScheduler runs the in-app drain every poll interval and says so at INFO (two lines
+        # a tick); its warnings and errors go through the same handler, in the same format,
+        # except "skipped: maximum number of running instances" (a long pass outlasting the
+        # interval is expected: the next tick coalesces).
+        scheduler = logging.getLogger("apscheduler")
+        scheduler.setLevel(logging.WARNING)
+        scheduler.addHandler(handler)
+        scheduler.propagate = False
+        handler.addFilter(_NotSkippedTicks())
         _configured = True
     install_redaction()

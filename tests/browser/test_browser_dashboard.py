@@ -351,9 +351,10 @@ def test_login_resume_and_watch_the_sent_count_climb(admin: Visitor,
     admin.login(ADMIN, shot="01-login")
 
     # Paused by the CLI before the server started: nothing has gone out.
-    expect(page.locator(".banner-critical")).to_contain_text("Sending is paused for every worker")
-    expect(page.locator(".banner-critical")).to_contain_text(PAUSE_REASON)
-    expect(page.locator(".topbar .pill-paused")).to_have_text("Sending paused")
+    status = page.locator("#status-line")
+    expect(status.locator(".status-title")).to_have_text("Paused")
+    expect(status).to_contain_text("Sending is paused for every worker")
+    expect(status).to_contain_text(PAUSE_REASON)
     total = N_GOOD + N_DEAD + N_UNMAPPED
     assert count_on_page(page, "pending") == total
     assert count_on_page(page, "sent") == 0
@@ -365,7 +366,7 @@ def test_login_resume_and_watch_the_sent_count_climb(admin: Visitor,
         page.get_by_role("button", name="Resume sending").click()
     assert admin.dialogs[-1] == "Resume sending for every worker?"
     expect(page.locator(".flash-ok")).to_have_text("Sending resumed.")
-    expect(page.locator(".banner-critical")).to_have_count(0)
+    expect(status.locator(".status-title")).not_to_have_text("Paused")
     expect(page.get_by_role("button", name="Pause sending")).to_be_visible()
 
     before = count_on_page(page, "sent")
@@ -393,6 +394,8 @@ def test_login_resume_and_watch_the_sent_count_climb(admin: Visitor,
                       .textContent.replace(/,/g, '') === String(n)""",
         arg=[N_GOOD], timeout=12_000)
     expect(page.locator('.count-value[data-status="dead"]')).to_have_text(str(N_DEAD))
+    page.reload()  # the status line is read with the page: events went out, so it is green
+    expect(page.locator("#status-line.status-ok .status-title")).to_have_text("Sending")
     admin.shot("03-overview-running")
     admin.assert_clean()
 
@@ -660,11 +663,12 @@ def test_pause_and_resume_with_the_buttons(chromium: Any, browser_stack: Stack) 
         with page.expect_navigation():
             page.get_by_role("button", name="Pause sending").click()
         assert op.dialogs == ["Pause sending for every worker?"]
-        expect(page.locator(".banner-critical")).to_contain_text("Stripe incident 1234")
-        expect(page.locator(".banner-critical")).to_contain_text(OPERATOR)
+        status = page.locator("#status-line")
+        expect(status).to_contain_text("Stripe incident 1234")
+        expect(status).to_contain_text(OPERATOR)
         with page.expect_navigation():
             page.get_by_role("button", name="Resume sending").click()
-        expect(page.locator(".banner-critical")).to_have_count(0)
+        expect(status.locator(".status-title")).not_to_have_text("Paused")
         expect(page.locator(".flash-ok")).to_have_text("Sending resumed.")
         # An operator is not an admin: no users page.
         expect(page.get_by_role("link", name="Users")).to_have_count(0)
@@ -795,3 +799,43 @@ def test_a_reset_password_is_changed_at_the_next_log_in_and_guessing_locks(
         boss.close()
         newbie.close()
         guesser.close()
+
+
+# -- issue 14: the status line during a Stripe outage ---------------------------------------------
+
+def test_an_outage_reads_holding_with_the_next_probe_then_sending(
+        admin: Visitor, browser_stack: Stack) -> None:
+    """Stripe refuses connections while events are due: the in-app drainer's breaker opens,
+    and every page's status line says "Holding" (in red, with the next probe call) instead
+    of a green "Sending"; once Stripe answers, the next probe gets through and it is green."""
+    from playwright.sync_api import expect
+
+    stack, page = browser_stack, admin.page
+    admin.ensure_login(ADMIN)
+    stack.fake.set_outage(True)
+    try:
+        with Session(stack.engine) as db, db.begin():
+            for i in range(16):
+                enqueue_usage(db, tenant_id="acme", quantity=1,
+                              idempotency_key=f"browser-outage-{i}")
+
+        def holding() -> bool:
+            admin.goto("/retries")
+            return page.locator("#status-line .status-title").inner_text() == "Holding"
+
+        wait_for(holding, 40, interval=0.5, message="the status line to say Holding")
+        status = page.locator("#status-line")
+        expect(status).to_have_class(re.compile(r"\bstatus-critical\b"))
+        expect(status).to_contain_text("Stripe is failing")
+        expect(status).to_contain_text("next probe call")
+        admin.shot("31-status-holding")
+    finally:
+        stack.fake.set_outage(False)
+
+    def sending() -> bool:
+        admin.goto("/")
+        return page.locator("#status-line .status-title").inner_text() == "Sending"
+
+    wait_for(sending, 90, interval=1, message="the status line to turn back to Sending")
+    expect(page.locator("#status-line")).to_have_class(re.compile(r"\bstatus-ok\b"))
+    admin.assert_clean()

@@ -14,6 +14,7 @@ from .conftest import CSRF_RE, PASSWORD, csrf_of, login
 PAGES = ["/", "/retries", "/tenants", "/tenants/acme", "/tenants.csv", "/mappings",
          "/dead-letters",
          "/dead-letters/groups", "/dead-letters/requeue-all", "/events/1", "/events?q=1",
+         "/search?q=key-", "/search?q=nothing-here",
          "/audit", "/audit.csv", "/users"]
 
 

@@ -77,3 +77,25 @@ def test_numbers_are_written_as_they_are_and_text_is_quoted(app: Flask) -> None:
                               datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)]])
         text = "".join(resp.response)  # type: ignore[arg-type]
     assert text.splitlines()[1] == ('-5,2.5,-1.5,"\'-5","","2026-01-02T03:04:05+00:00"')
+
+
+def test_leading_rows_come_first_defused_then_an_empty_row(app: Flask) -> None:
+    with app.test_request_context():
+        resp = csv_response("x.csv", ["a", "b"], [[1, "x"]],
+                            preamble=[["Period", "2026-11-01", "2026-11-30"], ["=1+1", 5]])
+        text = "".join(resp.response)  # type: ignore[arg-type]
+    assert text.splitlines() == ['"Period","2026-11-01","2026-11-30"', '"\'=1+1",5', "",
+                                 '"a","b"', '1,"x"']
+
+
+def test_one_tenants_usage_file_is_defused_too(client_as: Any, hostile: None) -> None:
+    for text in HOSTILE[:4]:
+        tenant = text if text.isprintable() else None
+        if tenant is None:
+            continue
+        resp = client_as("viewer").get("/tenants.csv", query_string={"tenant": tenant})
+        assert resp.status_code == 200
+        body = resp.get_data(as_text=True)
+        assert unsafe_parts(body) == [] and "Total" in body
+        # period, generated at, tenant, empty line, header, its one row, totals
+        assert len(body.splitlines()) == 7, body

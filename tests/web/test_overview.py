@@ -183,10 +183,10 @@ def test_retries_page(client_as, seed) -> None:
 def test_chart_is_accessible_svg_with_a_table(client_as, seed) -> None:
     seed.events(2, status="sent")
     html = client_as("viewer").get("/").get_data(as_text=True)
-    svg = html.split('id="per-minute"', 1)[1].split("</figure>", 1)[0]
+    svg = html.split('id="sent-chart"', 1)[1].split("</figure>", 1)[0]
     assert 'role="img"' in svg and "aria-labelledby" in svg
-    assert re.search(r"<title>\d\d:\d\d UTC: 2 sent</title>", svg)
-    assert "<table" in svg and "As a table" in svg
+    assert re.search(r"<title>\d{4}-\d\d-\d\d \d\d:00 UTC: 2 sent</title>", svg)
+    assert "<table" in svg and "Show as table" in svg
 
 
 def test_relative_ages_and_utc(client_as, seed) -> None:

@@ -28,6 +28,7 @@ PAGES = [
     ("/events/{sent}", "viewer"), ("/events/{sent}/cancel", "operator"),
     ("/events", "viewer"), ("/events?status=dead&attempts=1", "viewer"),
     ("/events.csv", "viewer"), ("/events.csv?status=dead", "viewer"),
+    ("/search", "viewer"), ("/search?q=key-", "viewer"),
 ]
 
 
@@ -114,8 +115,8 @@ SELF_SERVICE = {"account.password"}
 
 def test_every_endpoint_is_public_by_intent_or_needs_a_role(app) -> None:
     """A new view without ``require_role`` fails here instead of shipping unauthenticated."""
-    public = {"static", "health.healthz", "health.readyz", "metrics.metrics", "auth.login",
-              "auth.logout", "webhook.receive"}
+    public = {"static", "health.healthz", "health.readyz", "health.health", "metrics.metrics",
+              "auth.login", "auth.logout", "webhook.receive"}
     for rule in app.url_map.iter_rules():
         view = app.view_functions[rule.endpoint]
         if rule.endpoint in public:

@@ -56,6 +56,18 @@ def usage_data(seed, now):
     }
 
 
+def read_usage_csv(text: str) -> tuple[list[list[str]], list[str], list[dict[str, str]],
+                                      dict[str, str]]:
+    """The usage CSV's parts: the lines before the empty one, the header, the rows (as
+    dicts), and the totals row (the last)."""
+    lines = list(csv.reader(io.StringIO(text, newline="")))
+    blank = lines.index([])
+    preamble, header, body = lines[:blank], lines[blank + 1], lines[blank + 2:]
+    rows = [dict(zip(header, r, strict=True)) for r in body]
+    assert rows and rows[-1]["Tenant"] == "Total", "the file ends with its totals row"
+    return preamble, header, rows[:-1], rows[-1]
+
+
 def as_expected(usage: reads.Usage) -> dict:
     out = {}
     for r in usage.rows:
@@ -105,30 +117,65 @@ def test_page_and_csv_show_the_same_numbers(client_as, engine, usage_data, now) 
     resp = client.get(f"/tenants.csv?from={start.isoformat()}&to={end.isoformat()}")
     assert resp.status_code == 200 and resp.mimetype == "text/csv"
     assert "attachment" in resp.headers["Content-Disposition"]
-    rows = list(csv.DictReader(io.StringIO(resp.get_data(as_text=True))))
-    by_key = {(r["tenant_id"], r["meter"]): r for r in rows}
+    preamble, header, rows, totals = read_usage_csv(resp.get_data(as_text=True))
+    by_key = {(r["Tenant"], r["Meter"]): r for r in rows}
     assert set(by_key) == {(r.tenant_id, r.meter) for r in usage.rows}
     for r in usage.rows:
         got = by_key[(r.tenant_id, r.meter)]
         for s in reads.USAGE_STATUSES:
-            assert int(got[f"{s}_events"]) == r.events[s]
-            assert int(got[f"{s}_quantity"]) == r.quantity[s]
-    assert by_key[("acme", "api_requests")]["tenant_name"] == "Acme Inc"
-    assert by_key[("acme", "api_requests")]["stripe_customer_id"] == "cus_acme"
+            assert int(got[f"{s} events"]) == r.events[s]
+            assert int(got[f"{s} units"]) == r.quantity[s]
+    assert by_key[("acme", "api_requests")]["Tenant name"] == "Acme Inc"
+    assert by_key[("acme", "api_requests")]["Stripe customer"] == "cus_acme"
+
+    # The file's columns are the screen's, in its order (the tenant's name, shown under its
+    # id on the screen, has a column of its own in the file).
+    head = html.split('id="usage-table"', 1)[1].split("</thead>", 1)[0]
+    first_row, second_row = head.split("</tr>")[:2]
+    fixed = re.findall(r'rowspan="2"[^>]*>([^<]+)<', first_row)
+    groups = re.findall(r'colspan="2"[^>]*>([^<]+)<', first_row)
+    subs = re.findall(r'class="num sub">([^<]+)<', second_row)
+    screen = fixed + [f"{g} {sub}" for i, g in enumerate(groups) for sub in subs[2 * i:2 * i + 2]]
+    assert screen[:3] == ["Tenant", "Stripe customer", "Meter"]
+    assert [c for c in header if c != "Tenant name"] == screen
+    assert header[1] == "Tenant name"
+
+    # The totals row is the sum of the rows, and the screen's totals.
+    for col in header[4:]:
+        assert int(totals[col]) == sum(int(r[col]) for r in rows), col
+        status, what = col.split(" ")
+        shown = re.search(rf'data-col="total_{status}_{"quantity" if what == "units" else what}"'
+                          r'>([^<]*)<', html).group(1)
+        assert int(shown.replace(",", "")) == int(totals[col]), col
+    assert int(totals["sent units"]) == 132 and int(totals["sent events"]) == 6
+
+    # The period and when the file was made, before the table.
+    assert preamble[0][1:] == [start.isoformat(), end.isoformat()]
+    assert preamble[0][0].startswith("Period")
+    assert preamble[1][0] == "Generated at (UTC)"
+    made = datetime.strptime(preamble[1][1], "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC)
+    assert abs((made - utcnow()).total_seconds()) < 120
 
 
 def test_other_periods(client_as, usage_data, now) -> None:
     client = client_as("viewer")
     start = reads.month_start(now) - timedelta(days=5)
     resp = client.get(f"/tenants.csv?from={start.isoformat()}&to={start.isoformat()}")
-    rows = list(csv.DictReader(io.StringIO(resp.get_data(as_text=True))))
-    assert rows == [] or all(int(r["sent_events"]) == 0 for r in rows)
+    _, _, rows, totals = read_usage_csv(resp.get_data(as_text=True))
+    assert rows == [] or all(int(r["sent events"]) == 0 for r in rows)
+    assert int(totals["sent events"]) == 0
     last_day = reads.month_start(now) - timedelta(days=1)
-    rows = list(csv.DictReader(io.StringIO(client.get(
+    _, _, rows, totals = read_usage_csv(client.get(
         f"/tenants.csv?from={last_day.isoformat()}&to={now.date().isoformat()}")
-        .get_data(as_text=True))))
-    acme = next(r for r in rows if (r["tenant_id"], r["meter"]) == ("acme", "api_requests"))
-    assert int(acme["sent_events"]) == 10 and int(acme["sent_quantity"]) == 5032
+        .get_data(as_text=True))
+    acme = next(r for r in rows if (r["Tenant"], r["Meter"]) == ("acme", "api_requests"))
+    assert int(acme["sent events"]) == 10 and int(acme["sent units"]) == 5032
+    # one tenant's file (its page's "Download CSV"): only its rows, and its totals
+    preamble, _, rows, totals = read_usage_csv(client.get(
+        f"/tenants.csv?from={last_day.isoformat()}&to={now.date().isoformat()}&tenant=globex")
+        .get_data(as_text=True))
+    assert {r["Tenant"] for r in rows} == {"globex"} and ["Tenant", "globex"] in preamble
+    assert int(totals["dead units"]) == 6 and int(totals["sent units"]) == 0
     assert client.get("/tenants?from=2026-02-10&to=2026-02-01").status_code == 400
     assert client.get("/tenants?from=nope").status_code == 400
     assert client.get("/tenants?from=2020-01-01&to=2026-01-01").status_code == 400
@@ -137,9 +184,9 @@ def test_other_periods(client_as, usage_data, now) -> None:
 def test_csv_cells_that_look_like_formulas_are_defused(client_as, seed) -> None:
     seed.tenant("=HYPERLINK(1)", "cus_x", "@evil")
     seed.event(tenant_id="=HYPERLINK(1)", status="pending")
-    rows = list(csv.reader(io.StringIO(client_as("viewer").get("/tenants.csv")
-                                       .get_data(as_text=True))))
-    assert rows[1][0] == "'=HYPERLINK(1)" and rows[1][1] == "'@evil"
+    _, _, rows, _ = read_usage_csv(client_as("viewer").get("/tenants.csv")
+                                   .get_data(as_text=True))
+    assert rows[0]["Tenant"] == "'=HYPERLINK(1)" and rows[0]["Tenant name"] == "'@evil"
 
 
 def test_tenant_page_events_keyset(client_as, seed, now) -> None:
@@ -284,3 +331,31 @@ def test_a_new_tenant_mapped_twice_at_once_is_refused_not_a_500(engine) -> None:
     assert "mapped" in results
     assert all(r == "mapped" or "mapped by someone else at the same moment" in r
                for r in results), results
+
+
+def test_tenant_page_honours_and_shows_the_period(client_as, engine, usage_data, now) -> None:
+    client = client_as("viewer")
+    last_day = reads.month_start(now) - timedelta(days=1)
+    start, end = last_day, now.date()
+    period = f"from={start.isoformat()}&to={end.isoformat()}"
+    # the tenants page links each tenant with its period
+    index = client.get(f"/tenants?{period}").get_data(as_text=True)
+    assert f'href="/tenants/acme?{period.replace("&", "&amp;")}"' in index
+    html = client.get(f"/tenants/acme?{period}").get_data(as_text=True)
+    assert f"Period: <strong>{start.isoformat()} – {end.isoformat()}</strong>" in html
+    assert f'href="/tenants?{period.replace("&", "&amp;")}"' in html          # and back
+    assert re.search(r'href="/tenants\.csv\?[^"]*tenant=acme', html)
+    usage = reads.tenant_usage(engine, start=start, end=end, tenant_id="acme")
+    shown = re.search(r'data-col="total_sent_quantity">([^<]*)<', html).group(1)
+    assert int(shown.replace(",", "")) == usage.total("quantity", "sent") == 5132
+    # the default period (this month) gives other numbers: the period is not ignored
+    default = client.get("/tenants/acme").get_data(as_text=True)
+    shown = re.search(r'data-col="total_sent_quantity">([^<]*)<', default).group(1)
+    assert int(shown.replace(",", "")) == 132
+    # the daily chart covers the period, a bar per day, and adds up to the sent events
+    fig = html.split('id="tenant-daily"', 1)[1].split("</figure>", 1)[0]
+    days = re.findall(r'<tr><th scope="row">(\d{4}-\d\d-\d\d)</th><td class="num">([\d,]+)<',
+                      fig)
+    assert [d for d, _ in days][0] == start.isoformat() and days[-1][0] == end.isoformat()
+    assert len(days) == (end - start).days + 1
+    assert sum(int(n.replace(",", "")) for _, n in days) == usage.total("events", "sent") == 11

@@ -12,6 +12,7 @@ from .outbox import (
     AttemptRollup,
     Control,
     DeliveryAttempt,
+    DrainerHeartbeat,
     OutboxEvent,
     RollupState,
     SentUsageRollup,
@@ -29,7 +30,8 @@ from .stripe_sync import (
 
 __all__ = [
     "IN_FLIGHT_SQL", "NAMING", "WAITING_IDLE_SQL", "AttemptRollup", "AuditEntry", "AuditEvent",
-    "Base", "BigID", "Control", "DeliveryAttempt", "LoginThrottle", "OutboxEvent",
+    "Base", "BigID", "Control", "DeliveryAttempt", "DrainerHeartbeat", "LoginThrottle",
+    "OutboxEvent",
     "ReconciliationMismatch",
     "ReconciliationRun", "RollupState", "SentUsageRollup", "StripeErrorSample", "StripeEvent",
     "StripeMeter", "SyncState", "TEXT_LIMIT", "Tenant", "UTCDateTime", "User", "clean", "fit",

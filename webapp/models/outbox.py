@@ -22,6 +22,13 @@ class Tenant(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
+    __table_args__ = (
+        # Search: the tenants billed to a Stripe customer (migration 0009).
+        Index("ix_tenants_customer", "stripe_customer_id",
+              postgresql_where=text("stripe_customer_id IS NOT NULL"),
+              sqlite_where=text("stripe_customer_id IS NOT NULL")),
+    )
+
 
 #: Partial-index predicates that queries outside this module repeat word for word (so that
 #: SQLite, which matches a partial index by the terms of its predicate, can use the index).
@@ -181,6 +188,10 @@ class DeliveryAttempt(Base):
         # Failure rates and /metrics read recent calls from the index alone (migration 0002);
         # it serves every range on attempted_at.
         Index("ix_attempts_recent", "attempted_at", "outcome", "duration_ms"),
+        # Search: the calls Stripe answered under a request id (migration 0009).
+        Index("ix_attempts_request_id", "stripe_request_id",
+              postgresql_where=text("stripe_request_id IS NOT NULL"),
+              sqlite_where=text("stripe_request_id IS NOT NULL")),
     )
 
 
@@ -237,3 +248,29 @@ class AttemptRollup(Base):
     bucket: Mapped[int] = mapped_column(Integer, primary_key=True)
     attempts: Mapped[int] = mapped_column(BigInteger, default=0)
     duration_ms: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class DrainerHeartbeat(Base):
+    """What each long-running drainer (a ``worker`` process, the dashboard's in-app job)
+    last said about itself, written every few seconds from its loop: whether Stripe is being
+    held off (the circuit breaker, kept in the process's memory) and when it last got an
+    event through. The dashboard's status line reads these; a row not refreshed for a minute
+    belongs to a process that is gone."""
+
+    __tablename__ = "drainer_heartbeats"
+
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    #: ``worker`` or ``app`` (the dashboard's scheduler job).
+    kind: Mapped[str] = mapped_column(String(20))
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    seen_at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
+    #: Whether it has a Stripe API key (False: it sends nothing).
+    can_send: Mapped[bool] = mapped_column(Boolean, default=True)
+    #: ``closed``, ``open`` or ``half_open``, and since when it has been holding claims.
+    breaker: Mapped[str] = mapped_column(String(20), default="closed")
+    holding_since: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    next_probe_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    #: What the calls that opened the breaker got (an outcome and HTTP status, no data).
+    last_failure: Mapped[str | None] = mapped_column(String(200))
+    last_sent_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    sent_total: Mapped[int] = mapped_column(BigInteger, default=0)

@@ -45,6 +45,7 @@ from ..models import (
     AuditEvent,
     Control,
     DeliveryAttempt,
+    DrainerHeartbeat,
     OutboxEvent,
     ReconciliationMismatch,
     ReconciliationRun,
@@ -69,6 +70,7 @@ AUDIT = cast(Table, AuditEntry.__table__)
 AUDIT_EVENTS = cast(Table, AuditEvent.__table__)
 USERS = cast(Table, User.__table__)
 CONTROL = cast(Table, Control.__table__)
+HEARTBEATS = cast(Table, DrainerHeartbeat.__table__)
 ROLLUP_STATE = cast(Table, RollupState.__table__)
 SENT_ROLLUP = cast(Table, SentUsageRollup.__table__)
 ATTEMPT_ROLLUP = cast(Table, AttemptRollup.__table__)

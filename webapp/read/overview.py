@@ -3,17 +3,16 @@ that say what needs a person."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, func, literal, select
+from sqlalchemy import Connection, Engine, func, select
 
 from ..db import reading
 from ..outbox import sync
 from ..outbox.control import PauseState
-from ..outbox.sql import ATTEMPTS, T, epoch_bucket, status_is
+from ..outbox.sql import ATTEMPTS, T, status_is
 from .counts import (
     WAITING,
     UnmappedTenant,
@@ -24,15 +23,10 @@ from .counts import (
     unmapped_tenants,
 )
 from .reconciliation import RunSummary, last_run
+from .series import DEFAULT_RANGE, RANGES, Bucket, Range, sent_by_time_sent, sent_series
 from .stripe_side import WaitingForMeter, waiting_for_meters
 
 OLDEST_PENDING_ALERT = timedelta(minutes=15)
-
-
-@dataclass(frozen=True)
-class Bucket:
-    start: datetime
-    count: int
 
 
 #: The events list's endpoint: an alert's ``link`` to the events it counts.
@@ -80,6 +74,8 @@ class Overview:
     events_read: sync.SyncStatus
     last_reconciliation: RunSummary | None
     waiting_for_meters: list[WaitingForMeter]
+    range: Range
+    chart: list[Bucket]          # sent events per bucket of ``range``
     alerts: list[Alert] = field(default_factory=list)
 
     @property
@@ -102,13 +98,18 @@ class Overview:
 
 
 def overview(engine: Engine, *, now: datetime, stripe_mode: str = "test",
-             oldest_alert: timedelta = OLDEST_PENDING_ALERT) -> Overview:
-    """Everything on the overview page, read in one snapshot."""
+             oldest_alert: timedelta = OLDEST_PENDING_ALERT,
+             chart_range: str = DEFAULT_RANGE) -> Overview:
+    """Everything on the overview page, read in one snapshot; the chart over
+    ``chart_range`` (a key of ``series.RANGES``; the 1 h and 24 h charts are the figures'
+    own buckets, so they cost no extra read)."""
+    rng = RANGES[chart_range]
     with reading(engine) as conn:
         counts = status_counts(conn)
         oldest = oldest_waiting(conn)
-        per_minute = _sent_buckets(conn, now, 60, 60)
-        per_hour = _sent_buckets(conn, now, 3600, 24)
+        per_minute = sent_by_time_sent(conn, now, 60, 60)
+        per_hour = sent_by_time_sent(conn, now, 3600, 24)
+        chart = {"1h": per_minute, "24h": per_hour}.get(rng.key) or sent_series(conn, now, rng)
         hour = attempt_rates(conn, since=now - timedelta(hours=1))
         day = attempt_rates(conn, since=now - timedelta(days=1))
         sending = sending_state(conn)
@@ -120,23 +121,9 @@ def overview(engine: Engine, *, now: datetime, stripe_mode: str = "test",
         reconciled = last_run(conn)
         meters = waiting_for_meters(conn)
     ov = Overview(now, counts, oldest, per_minute, per_hour, hour, day, sending, dead_day,
-                  near, over, unmapped, events_read, reconciled, meters)
+                  near, over, unmapped, events_read, reconciled, meters, rng, chart)
     ov.alerts.extend(_alerts(ov, stripe_mode, oldest_alert))
     return ov
-
-
-def _sent_buckets(conn: Connection, now: datetime, seconds: int, count: int) -> list[Bucket]:
-    """Sent events per ``seconds``-long bucket, the last ``count`` buckets up to now
-    (a range scan of ``ix_outbox_sent_at``), zero-filled."""
-    last = math.floor(now.timestamp() / seconds)
-    first = last - count + 1
-    since = datetime.fromtimestamp(first * seconds, UTC)
-    inner = (select(epoch_bucket(T.c.sent_at, literal(seconds)).label("b"))
-             .where(status_is("sent"), T.c.sent_at >= since).subquery())
-    got = {int(b): int(n) for b, n in conn.execute(
-        select(inner.c.b, func.count()).group_by(inner.c.b))}
-    return [Bucket(datetime.fromtimestamp(k * seconds, UTC), got.get(k, 0))
-            for k in range(first, last + 1)]
 
 
 def attempt_rates(conn: Connection, *, since: datetime) -> AttemptRates:

@@ -11,11 +11,13 @@ from ..models import IN_FLIGHT_SQL, WAITING_IDLE_SQL
 from ..outbox.control import pause_state
 from ..outbox.sql import TENANTS, T, as_utc
 from ..outbox.states import ALL_STATUSES, Status
+from .health import health
 
 
-def stats(engine: Engine, *, now: datetime) -> dict[str, object]:
+def stats(engine: Engine, *, now: datetime, api_key_here: bool = True) -> dict[str, object]:
     """Counts by status (every row counted), the oldest waiting event's age, the sending
-    switch and how many events wait for a customer mapping."""
+    switch, how many events wait for a customer mapping, and the state of sending
+    (``health``: the dashboard's status line)."""
     with reading(engine) as conn:
         counts = dict.fromkeys(ALL_STATUSES, 0)
         for status, n in conn.execute(select(T.c.status, func.count()).group_by(T.c.status)):
@@ -33,6 +35,7 @@ def stats(engine: Engine, *, now: datetime) -> dict[str, object]:
                        TENANTS.c.tenant_id == T.c.tenant_id,
                        TENANTS.c.stripe_customer_id.is_not(None)).exists())).scalar_one()
         switch = pause_state(conn)
+        state = health(conn, now=now, api_key_here=api_key_here)
     return {
         "counts": counts,
         "oldest_pending_age_seconds": (round((now - oldest).total_seconds(), 3)
@@ -41,4 +44,5 @@ def stats(engine: Engine, *, now: datetime) -> dict[str, object]:
         "pause_reason": switch.reason,
         "pause_kind": switch.kind,
         "waiting_for_customer_mapping": int(unmapped),
+        "health": state.as_dict(),
     }

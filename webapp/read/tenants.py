@@ -26,6 +26,7 @@ from ..outbox.sql import (
 )
 from .counts import Freshness, UnmappedTenant, rollup_freshness, unmapped_tenants
 from .paging import Cursor, Page, keyset
+from .series import Bucket, sent_by_occurrence_day
 
 #: The usage table's columns. Rejected and cancelled events were accepted by Stripe but are
 #: not billed: they are shown apart from ``sent``, never inside it.
@@ -178,12 +179,14 @@ class TenantDetail:
     usage: Usage
     events: Page
     waiting: int
+    daily: list[Bucket]      # sent events per UTC day of occurrence in the period
 
 
 def tenant_detail(engine: Engine, tenant_id: str, *, start: date, end: date,
                   after: Cursor | None = None, before: Cursor | None = None,
                   limit: int = 50) -> TenantDetail:
-    """A tenant's mapping, its usage for the period by meter, and its events newest first
+    """A tenant's mapping, its usage for the period by meter and its sent events per day of
+    the period (the rollup plus the rows not folded yet), and its events newest first
     (keyset on (created_at, id): through ``ix_outbox_tenant_created`` for events not in
     flight, merged with the few in flight, found through ``ix_outbox_processing_deadline``)."""
     stmt = select(T.c.id, T.c.meter, T.c.quantity, T.c.idempotency_key, T.c.status,
@@ -199,4 +202,6 @@ def tenant_detail(engine: Engine, tenant_id: str, *, start: date, end: date,
         waiting = int(conn.execute(select(func.count()).where(
             status_in(("pending", "retrying")), IDLE_UNSENT, T.c.tenant_id == tenant_id))
             .scalar_one())
-    return TenantDetail(tenant_id, row_dict(tenant) if tenant else None, usage, page, waiting)
+        daily = sent_by_occurrence_day(conn, end, (end - start).days + 1, tenant_id=tenant_id)
+    return TenantDetail(tenant_id, row_dict(tenant) if tenant else None, usage, page, waiting,
+                        daily)

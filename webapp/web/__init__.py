@@ -25,6 +25,7 @@ def register_blueprints(app: Flask) -> None:
         params,
         reconciliation,
         rejected,
+        search,
         security,
         stripe_side,
         templating,
@@ -38,6 +39,6 @@ def register_blueprints(app: Flask) -> None:
     templating.init_app(app)
     errors.init_app(app)
     for module in (health, metrics, webhook, auth, dashboard, tenants, dead_letters, rejected,
-                   events, reconciliation, stripe_side, audit, users):
+                   events, search, reconciliation, stripe_side, audit, users):
         app.register_blueprint(module.bp)
     app.register_blueprint(auth.account_bp)

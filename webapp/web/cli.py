@@ -79,7 +79,8 @@ def serve(host: str, port: int, workers: int) -> NoReturn:
     env.pop("FLASK_RUN_FROM_CLI", None)
     args = [sys.executable, "-m", "gunicorn", "--workers", str(workers), "--threads", "4",
             "--bind", f"{host}:{port}", "--graceful-timeout", "30",
-            "--access-logfile", "-", "--no-control-socket", "webapp.wsgi:app"]
+            "--access-logfile", "-", "--no-control-socket",
+            "--logger-class", "webapp.gunicorn_logging.GunicornLogger", "webapp.wsgi:app"]
     os.execve(sys.executable, args, env)  # noqa: S606 - fixed argv, no shell
 
 
@@ -87,6 +88,7 @@ def serve(host: str, port: int, workers: int) -> NoReturn:
 def worker() -> None:
     """Drain in the foreground until SIGTERM/SIGINT; then finish or release what is held."""
     drainer = _svc().drainer()
+    drainer.announce("worker")
     if drainer.gateway is None:
         click.echo("STRIPE_API_KEY is not set: the worker will send nothing until it is.",
                    err=True)
@@ -141,7 +143,8 @@ def stats(as_json: bool) -> None:
     """Counts by status, the oldest pending age, and whether sending is paused."""
     from ..read.stats import stats as compute
 
-    data = compute(_svc().engine, now=_svc().clock())
+    data = compute(_svc().engine, now=_svc().clock(),
+                   api_key_here=_svc().settings.stripe_mode != "none")
     if as_json:
         click.echo(json.dumps(data))
         return
@@ -149,6 +152,8 @@ def stats(as_json: bool) -> None:
         click.echo(f"{status:>10}  {n}")
     click.echo(f"oldest pending age: {data['oldest_pending_age_seconds']} s")
     click.echo("sending: " + (f"PAUSED ({data['pause_reason']})" if data["paused"] else "running"))
+    state = data["health"]
+    click.echo(f"state: {state['title']} - {state['detail']}")  # type: ignore[index]
 
 
 @click.group("tenants")

@@ -94,17 +94,24 @@ def render_block(template_name: str, block: str, context: dict[str, Any]) -> str
     return "".join(template.blocks[block](template.new_context(ctx)))
 
 
-def csv_response(filename: str, header: list[str], rows: Iterable[list[Any]]) -> Response:
+def csv_response(filename: str, header: list[str], rows: Iterable[list[Any]],
+                 preamble: Iterable[list[Any]] = ()) -> Response:
     """A streamed CSV download, safe to open in a spreadsheet (CSV injection, OWASP's rule):
     a text cell, and every part of it after a ``;``, ``,``, tab, CR or newline (where a
     spreadsheet may split a cell, as one set up for ``;`` splits ``Acme;=2+3``), that starts
     with ``=``, ``+``, ``-``, ``@``, tab or CR gets an apostrophe before it, so it is read as
     text, never run as a formula. Every text cell is quoted; numbers (``int``, ``float``,
-    ``Decimal``) are written as they are."""
+    ``Decimal``) are written as they are. ``preamble`` rows (what the file is: a period, when
+    it was made) come first, then one empty row, then the header: a spreadsheet shows them
+    above the table, and a program skips to the first row after the empty one."""
 
     def generate() -> Iterator[str]:
         buf = io.StringIO()
         writer = csv.writer(buf, quoting=csv.QUOTE_NONNUMERIC)
+        lead = [[_cell(v) for v in row] for row in preamble]
+        if lead:
+            writer.writerows(lead)
+            writer.writerow([])
         writer.writerow([_cell(v) for v in header])
         for row in rows:
             writer.writerow([_cell(v) for v in row])

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from flask import Blueprint, flash, redirect, url_for
 from flask.typing import ResponseReturnValue
 
 from ..outbox import operations
 from ..read import overview as overview_reads
 from ..read import retries as retries_reads
+from ..read.series import RANGES
+from . import charts
 from .common import now, render, svc
-from .params import NEXT, Text, accepts
+from .params import CHART_RANGE, NEXT, Text, accepts
 from .security import current_user, require_role, safe_next
 
 bp = Blueprint("dashboard", __name__)
@@ -20,11 +24,28 @@ PAUSE_REASON = Text("reason", 500, source="form")
 
 @bp.get("/")
 @require_role("viewer")
+@accepts(CHART_RANGE)
 def overview() -> ResponseReturnValue:
-    """Counts, throughput, failure rate, the sending switch and what needs attention."""
+    """Counts, throughput, failure rate, the sending switch and what needs attention; the
+    chart over the chosen range."""
     settings = svc().settings
-    data = overview_reads.overview(svc().engine, now=now(), stripe_mode=settings.stripe_mode)
-    return render("dashboard/overview.html", ov=data, stripe_mode=settings.stripe_mode)
+    data = overview_reads.overview(svc().engine, now=now(), stripe_mode=settings.stripe_mode,
+                                   chart_range=CHART_RANGE.get())
+    return render("dashboard/overview.html", ov=data, stripe_mode=settings.stripe_mode,
+                  ranges=RANGES, chart=_sent_chart(data))
+
+
+def _sent_chart(data: overview_reads.Overview) -> charts.Chart:
+    rng = data.range
+    if rng.by_day:
+        title = f"Sent events by the day they occurred, {rng.label}"
+        x_title = "day the events occurred (UTC)"
+    else:
+        title = f"Sent events per {rng.bucket_label}, {rng.label}"
+        x_title = "time sent (UTC)"
+    return charts.time_chart("sent-chart", title, data.chart,
+                             bucket_seconds=int(rng.bucket.total_seconds()), unit="sent",
+                             x_title=x_title)
 
 
 @bp.get("/retries")
@@ -34,8 +55,12 @@ def retries() -> ResponseReturnValue:
     """Attempt-count histograms and the events waiting for their next attempt."""
     split = SPLIT.get()
     data = retries_reads.retries(svc().engine, now=now(), split=split)
+    max_attempts = svc().settings.max_attempts
+    histograms = [charts.histogram_chart(f"hist-{i}", h, max_attempts,
+                                         events_url=partial(url_for, "events.find"))
+                  for i, h in enumerate(data.histograms, 1)]
     return render("dashboard/retries.html", page=data, splits=retries_reads.SPLITS,
-                  max_attempts=svc().settings.max_attempts)
+                  max_attempts=max_attempts, histograms=histograms)
 
 
 @bp.post("/sending/pause")

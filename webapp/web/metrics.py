@@ -23,15 +23,25 @@ bp = Blueprint("metrics", __name__)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
+def token_refused(path: str) -> Response | None:
+    """None when the caller may read ``path`` (no ``METRICS_TOKEN``, or its bearer token
+    matches, compared in constant time); else the 401 to answer."""
+    token = svc().settings.metrics_token
+    if token is None:
+        return None
+    scheme, _, sent = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and same_token(sent.strip(), token):
+        return None
+    return Response(f"401 Unauthorized: {path} needs Authorization: Bearer "
+                    "<METRICS_TOKEN>\n", status=401, mimetype="text/plain",
+                    headers={"WWW-Authenticate": 'Bearer realm="metrics"'})
+
+
 @bp.get("/metrics")
 def metrics() -> Response:
-    token = svc().settings.metrics_token
-    if token is not None:
-        scheme, _, sent = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not same_token(sent.strip(), token):
-            return Response("401 Unauthorized: /metrics needs Authorization: Bearer "
-                            "<METRICS_TOKEN>\n", status=401, mimetype="text/plain",
-                            headers={"WWW-Authenticate": 'Bearer realm="metrics"'})
+    refused = token_refused("/metrics")
+    if refused is not None:
+        return refused
     m = read_metrics(svc().engine, now=now())
     body = "".join(_lines(m, svc().settings.stripe_mode))
     return Response(body, content_type=CONTENT_TYPE)

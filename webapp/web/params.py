@@ -34,6 +34,7 @@ from werkzeug.routing import BaseConverter, PathConverter, ValidationError
 from werkzeug.utils import cached_property
 
 from ..read.paging import Cursor
+from ..read.series import DEFAULT_RANGE, RANGES
 
 V = TypeVar("V")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -413,3 +414,5 @@ NOTE = Text("note", 2000, source="form", multiline=True)
 SNAPSHOT = Text("snapshot", 1_000_000, source="form", pattern=r"[A-Za-z0-9_.\-]*")
 #: The session's CSRF token in a posted form (``security`` checks every POST for it).
 CSRF_TOKEN = Text("csrf_token", 200, source="form")
+#: A chart's time range (``1h``, ``24h``, ``7d``, ``30d``); live panels carry it on.
+CHART_RANGE = Text("range", 5, choices=RANGES, default=DEFAULT_RANGE)

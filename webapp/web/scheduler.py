@@ -23,6 +23,7 @@ from typing import IO
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from ..services import Services
+from ..stripe_gateway import StripeCallFailed
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,7 @@ def start_scheduler(svc: Services) -> BackgroundScheduler:
     """Start the drain job (every OUTBOX_POLL_INTERVAL_SECONDS) and the maintenance jobs
     (each on its own cadence); all coalesced, one run of each at a time."""
     drainer = svc.drainer()
+    drainer.announce("app")
     lock = HostLock(svc.settings.database_url)
 
     def holding_lock(job: Callable[[], object], name: str) -> Callable[[], None]:
@@ -70,6 +72,8 @@ def start_scheduler(svc: Services) -> BackgroundScheduler:
                 return
             try:
                 job()
+            except StripeCallFailed as exc:  # Stripe's trouble, not ours: one line
+                log.warning("in-app %s: %s; trying again at the next tick", name, exc)
             except Exception:
                 log.exception("in-app %s failed; trying again at the next tick", name)
         return tick

@@ -14,7 +14,9 @@ from markupsafe import Markup, escape
 
 from ..config import STRIPE_API_BASE_DEFAULT
 from ..db import reading
+from ..outbox.control import PauseState
 from ..read.counts import sending_state
+from ..read.health import Health, health
 from ..users import MIN_PASSWORD, has_role
 from .common import now, svc
 from .security import csrf_token, current_user
@@ -23,19 +25,23 @@ log = logging.getLogger(__name__)
 
 
 def chrome() -> dict[str, Any]:
-    """The layout's status strip: sending state and Stripe mode (never the key)."""
+    """The layout's status strip: the state of sending (:mod:`webapp.read.health`), the
+    pause switch and Stripe mode (never the key)."""
     if "chrome" not in g:
         settings = svc().settings
+        status: Health | None
+        sending: PauseState | None
         try:
             with reading(svc().engine) as conn:
                 sending = sending_state(conn)
+                status = health(conn, now=now(), api_key_here=settings.stripe_mode != "none")
         except Exception:  # noqa: BLE001 - the error page must render without a database
             log.warning("could not read the sending state", exc_info=True)
-            sending = None
+            sending = status = None
         # Anything but Stripe's own API (a local fake, a proxy) is shown on every page, so a
         # demo or test setting never runs silently in production.
         api_base = settings.stripe_api_base
-        g.chrome = {"sending": sending, "stripe_mode": settings.stripe_mode,
+        g.chrome = {"sending": sending, "health": status, "stripe_mode": settings.stripe_mode,
                     "api_base": None if api_base == STRIPE_API_BASE_DEFAULT else api_base}
     return g.chrome  # type: ignore[no-any-return]
 
@@ -124,6 +130,23 @@ def usage_events_url(tenant_id: str, meter: str, status: str, start: str, end: s
                        "status": list(USAGE_LIST_STATUSES.get(status, (status,))),
                        "occurred_from": start, "occurred_to": end}, doseq=True)
     return _prefix("events.show", event_id=1).rstrip("/") + "?" + query
+#: Stripe's dashboard; test-mode objects live under ``/test/``.
+STRIPE_DASHBOARD = "https://dashboard.stripe.com/"
+_STRIPE_PAGES = {"customer": "customers/", "request": "logs/"}
+
+
+def stripe_url(kind: str, stripe_id: str) -> str:
+    """Where Stripe's dashboard shows a customer (``cus_…``) or a request (``req_…``): under
+    ``/test/`` unless the API key is a live one (its prefix decides; the key is never shown)."""
+    mode = "" if svc().settings.stripe_mode == "live" else "test/"
+    return STRIPE_DASHBOARD + mode + _STRIPE_PAGES[kind] + quote(stripe_id, safe="")
+
+
+def stripe_link(kind: str, stripe_id: str, label: str = "in Stripe") -> Markup:
+    """A link to ``stripe_url`` that opens a new tab, and says so to screen readers."""
+    return Markup('<a class="stripe-link" href="{0}" target="_blank" rel="noopener noreferrer">'
+                  '{1}<span class="visually-hidden"> (opens Stripe in a new tab)</span></a>'
+                  ).format(stripe_url(kind, stripe_id), label)
 
 
 def usage_rows(rows: Iterable[Any], statuses: tuple[str, ...], **params: Any) -> Markup:
@@ -139,7 +162,8 @@ def usage_rows(rows: Iterable[Any], statuses: tuple[str, ...], **params: Any) ->
     for r in rows:
         t, m = escape(r.tenant_id), escape(r.meter)
         name = f'<span class="sub muted"> {escape(r.name)}</span>' if r.name else ""
-        customer = (f"<code>{escape(r.stripe_customer_id)}</code>" if r.stripe_customer_id
+        customer = (f"<code>{escape(r.stripe_customer_id)}</code> "
+                    f"{stripe_link('customer', r.stripe_customer_id)}" if r.stripe_customer_id
                     else '<span class="badge badge-warn">not mapped</span>')
         cells = []
         for s in statuses:
@@ -167,6 +191,7 @@ def init_app(app: Flask) -> None:
                                  has_role=has_role, escape=escape, tenant_url=tenant_url,
                                  event_url=event_url, usage_rows=usage_rows,
                                  usage_events_url=usage_events_url,
+                                 stripe_url=stripe_url, stripe_link=stripe_link,
                                  min_password=MIN_PASSWORD)
 
     @app.context_processor

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import date, timedelta
+from datetime import UTC, date, timedelta
 from typing import Any
 
 from flask import Blueprint, abort, flash, redirect, url_for
@@ -12,6 +12,7 @@ from ..outbox.operations import set_tenant
 from ..outbox.rollups import fold_margin
 from ..read import tenants as reads
 from ..read.paging import MAX_PAGE
+from . import charts
 from .common import csv_response, now, render, svc
 from .errors import back_to
 from .params import TENANT_MAX, Day, Text, accepts, page_fields
@@ -27,11 +28,15 @@ LIMIT, AFTER, BEFORE = page_fields(50, MAX_PAGE)
 TENANT_ID = Text("tenant_id", TENANT_MAX, source="form")
 CUSTOMER = Text("stripe_customer_id", 255, source="form")
 NAME = Text("name", 200, source="form")
-#: The tenant id the mapping form starts with.
-PREFILL = Text("tenant", TENANT_MAX)
+#: The CSV of one tenant's usage (its page's "Download CSV"); on the mappings page, the
+#: tenant id its form starts with.
+TENANT = Text("tenant", TENANT_MAX)
 
-CSV_HEADER = ["tenant_id", "tenant_name", "stripe_customer_id", "meter"] + [
-    f"{status}_{what}" for status in reads.USAGE_STATUSES for what in ("events", "quantity")]
+#: The usage table's columns, on the page and in its CSV, in the page's order: per status its
+#: units, then its events. The page shows the tenant's name under its id; the file gives it a
+#: column of its own, so a spreadsheet can sort and filter by either.
+CSV_HEADER = ["Tenant", "Tenant name", "Stripe customer", "Meter"] + [
+    f"{status} {what}" for status in reads.USAGE_STATUSES for what in ("units", "events")]
 
 
 def _period() -> tuple[date, date]:
@@ -69,29 +74,41 @@ def _quick_periods() -> list[tuple[str, date, date]]:
 
 @bp.get("/mappings")
 @require_role("viewer")
-@accepts(PREFILL)
+@accepts(TENANT)
 def mappings() -> ResponseReturnValue:
     """Every tenant and its Stripe customer, and those waiting for one; ``tenant`` fills in
     the mapping form (an alert's "Map the tenant")."""
     data = reads.mappings(svc().engine)
     return render("tenants/mappings.html", tenants=data.tenants, unmapped=data.unmapped,
-                  prefill=PREFILL.get())
+                  prefill=TENANT.get())
 
 
 @bp.get("/tenants.csv")
 @require_role("viewer")
-@accepts(FROM, TO)
+@accepts(FROM, TO, TENANT)
 def export() -> ResponseReturnValue:
-    """The same numbers as the tenants page, one row per tenant and meter."""
+    """The tenants page's table as a file: the period and when it was made, then the page's
+    columns in its order, one row per tenant and meter, and its totals row."""
     start, end = _period()
-    usage = reads.tenant_usage(svc().engine, start=start, end=end)
+    usage = reads.tenant_usage(svc().engine, start=start, end=end,
+                               tenant_id=TENANT.get() or None)
     rows: list[list[Any]] = []
     for r in usage.rows:
         cells: list[Any] = [r.tenant_id, r.name, r.stripe_customer_id, r.meter]
         for status in reads.USAGE_STATUSES:
-            cells += [r.events[status], r.quantity[status]]
+            cells += [r.quantity[status], r.events[status]]
         rows.append(cells)
-    return csv_response(f"usage-{start.isoformat()}-{end.isoformat()}.csv", CSV_HEADER, rows)
+    totals: list[Any] = ["Total", "", "", ""]
+    for status in reads.USAGE_STATUSES:
+        totals += [usage.total("quantity", status), usage.total("events", status)]
+    rows.append(totals)
+    preamble = [["Period (UTC days, by when each event occurred)", start.isoformat(),
+                 end.isoformat()],
+                ["Generated at (UTC)", now().astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")]]
+    if TENANT.get():
+        preamble.append(["Tenant", TENANT.get()])
+    return csv_response(f"usage-{start.isoformat()}-{end.isoformat()}.csv", CSV_HEADER, rows,
+                        preamble=preamble)
 
 
 @bp.get("/tenants/<tenant:tenant_id>")
@@ -102,8 +119,12 @@ def show(tenant_id: str) -> ResponseReturnValue:
     start, end = _period()
     data = reads.tenant_detail(svc().engine, tenant_id, start=start, end=end,
                                after=AFTER.get(), before=BEFORE.get(), limit=LIMIT.get())
+    chart = charts.time_chart("tenant-daily", "Sent events by the day they occurred",
+                              data.daily, bucket_seconds=86400, unit="sent",
+                              x_title="day the events occurred (UTC)")
     return render("tenants/show.html", t=data, start=start, end=end,
-                  statuses=reads.USAGE_STATUSES, limit=LIMIT.get())
+                  statuses=reads.USAGE_STATUSES, limit=LIMIT.get(), quick=_quick_periods(),
+                  chart=chart)
 
 
 @bp.post("/tenants/mapping")

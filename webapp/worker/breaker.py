@@ -12,6 +12,12 @@ from ..outbox.states import Outcome
 
 log = logging.getLogger(__name__)
 
+_FAILURE_WORDS = {
+    Outcome.NOT_EXECUTED: "Stripe could not be reached or turned the calls away "
+                          "(connection refused, rate limited, unavailable)",
+    Outcome.UNKNOWN: "calls to Stripe timed out or got server errors",
+}
+
 
 class CircuitBreaker:
     """Holds claims back when most recent calls found Stripe unreachable or failing.
@@ -32,6 +38,10 @@ class CircuitBreaker:
         self._failures = 0  # True values in _recent, kept as they come and go
         self._cooldown = cooldown
         self._open_until: float | None = None
+        #: When the breaker first opened since it was last closed (monotonic).
+        self._opened_at: float | None = None
+        #: What the last failing call got, in words (no data from Stripe).
+        self.last_failure: str | None = None
         self._monotonic = monotonic
         self._lock = threading.Lock()
 
@@ -54,11 +64,14 @@ class CircuitBreaker:
         closes the breaker; a failure after the cool-down (the probe's) re-opens it for twice
         as long."""
         failing = outcome in self.FAILING
+        if failing:
+            self.last_failure = _FAILURE_WORDS[outcome]
         with self._lock:
             if self._open_until is not None:
                 now = self._monotonic()
                 if not failing:
                     self._open_until, self._cooldown = None, self.base_cooldown
+                    self._opened_at = None
                     self._recent.clear()
                     self._failures = 0
                 elif now >= self._open_until:
@@ -74,6 +87,17 @@ class CircuitBreaker:
             self._failures += 1
             if (len(recent) >= self.min_calls
                     and self._failures / len(recent) >= self.threshold):
-                self._open_until = self._monotonic() + self._cooldown
+                self._opened_at = self._monotonic()
+                self._open_until = self._opened_at + self._cooldown
                 log.warning("circuit breaker open: %d of the last %d calls failed; holding "
                             "claims for %.1fs", self._failures, len(recent), self._cooldown)
+
+    def snapshot(self) -> tuple[str, float | None, float | None]:
+        """(state, seconds since it opened, seconds until the next probe may go): the
+        last two None while closed; the wait is 0 once a probe may go."""
+        with self._lock:
+            if self._open_until is None or self._opened_at is None:
+                return "closed", None, None
+            now = self._monotonic()
+            state = "open" if now < self._open_until else "half_open"
+            return state, now - self._opened_at, max(0.0, self._open_until - now)

@@ -37,6 +37,7 @@ from ..outbox.meters import MeterInfo
 from ..outbox.states import CallResult
 from ..stripe_gateway import Gateway
 from .breaker import CircuitBreaker
+from .heartbeat import Heartbeat
 from .lanes import lane_locks
 from .meters import MeterCatalog, MeterRefresher, MeterSource
 from .process import gateway_from, policy_from, worker_name
@@ -139,6 +140,8 @@ class Drainer:
         self.totals = DrainSummary()
         self.passes = 0
         self._totals_lock = threading.Lock()
+        #: Set by :meth:`announce` for a long-lived drainer (the dashboard reads it).
+        self.heartbeat: Heartbeat | None = None
 
     @property
     def gateway(self) -> Gateway | None:
@@ -155,6 +158,12 @@ class Drainer:
                                        on_systemic=self._pause_systemic)
 
     # -- lifecycle ---------------------------------------------------------------------------
+    def announce(self, kind: str) -> None:
+        """Write a heartbeat row every few seconds from now on (``kind``: ``worker`` or
+        ``app``), so the dashboard's status line knows this drainer and its breaker."""
+        self.heartbeat = Heartbeat(self.engine, self.worker, kind, clock=self.clock,
+                                   monotonic=self.monotonic)
+
     def request_stop(self) -> None:
         """Stop claiming; in-flight calls finish, the rest of the batch is released."""
         self.stopping.set()
@@ -163,6 +172,8 @@ class Drainer:
         """Let go of the send threads and every lane and shard."""
         self.sender.close()
         self.lanes.close()
+        if self.heartbeat is not None:
+            self.heartbeat.remove()
 
     def run(self) -> None:
         """Drain until ``request_stop``; sleep ``OUTBOX_POLL_INTERVAL_SECONDS`` when idle."""
@@ -261,6 +272,11 @@ class Drainer:
         with self._totals_lock:
             self.passes += 1
             self.totals.add(p.summary)
+            if self.heartbeat is not None:
+                if p.summary.sent:
+                    self.heartbeat.sent()
+                self.heartbeat.beat(self.breaker, can_send=self.gateway is not None,
+                                    sent_total=self.totals.sent)
         if p.summary.claimed:
             log.info("drained: %s", p.summary.as_dict())
 

@@ -1,0 +1,194 @@
+"""The status line at the top of every page, ``stats --json``'s ``health`` and ``/health``:
+one state, read from what is really happening, never from a flag someone forgot to clear.
+
+- **No API key** — nothing can be sent (this process has no ``STRIPE_API_KEY`` and no running
+  drainer has one).
+- **Paused** — an operator (or a worker, after Stripe refused the key) switched sending off.
+- **Holding** — a drainer's circuit breaker is open: Stripe is failing and claims are held
+  back until the next probe; or Stripe's meters were never read, so nothing can be sent yet.
+- **Meter missing** — events are due for a meter Stripe does not have (active); they wait.
+- **Stalled** — events are due and nothing has been sent for ``STALLED_AFTER``: no drainer is
+  running, or it is stuck.
+- **Sending** — an event went out within ``STALLED_AFTER`` (the only green state).
+- **Idle** — nothing is due (events may wait for their retry time).
+
+Every read is bounded: the due events are sampled from the claim's own index
+(``ix_outbox_claimable``), at most ``SAMPLE`` of them, oldest first, where held ones collect.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import Connection, func, select
+
+from ..outbox import sync
+from ..outbox.control import pause_state
+from ..outbox.meters import active_meters
+from ..outbox.sql import CLAIMABLE_SQL, TENANTS, T, as_utc, status_is
+from ..outbox.sql import HEARTBEATS as H
+
+#: Nothing sent for this long while events are due: stalled.
+STALLED_AFTER = timedelta(minutes=5)
+#: A drainer that has not written its heartbeat for this long is gone.
+GONE_AFTER = timedelta(seconds=60)
+#: How many of the oldest due events are looked at.
+SAMPLE = 1000
+
+#: state -> (level, title) ; level decides the colour: ok (green), info, warning, critical.
+STATES = {
+    "sending": ("ok", "Sending"),
+    "idle": ("info", "Idle"),
+    "paused": ("critical", "Paused"),
+    "holding": ("critical", "Holding"),
+    "stalled": ("critical", "Stalled"),
+    "no_api_key": ("critical", "No API key"),
+    "meter_missing": ("warning", "Meter missing"),
+}
+
+
+@dataclass(frozen=True)
+class Health:
+    state: str
+    detail: str
+    #: When the state began, where known (paused at, holding since, last sent at).
+    since: datetime | None = None
+    next_probe_at: datetime | None = None
+    last_sent_at: datetime | None = None
+    due: int = 0
+    due_more: bool = False
+    drainers: int = 0
+    #: Who paused and the meter that is missing, where they apply.
+    paused_by: str | None = None
+    meter: str | None = None
+
+    @property
+    def level(self) -> str:
+        return STATES[self.state][0]
+
+    @property
+    def title(self) -> str:
+        return STATES[self.state][1]
+
+    def as_dict(self, *, private: bool = True) -> dict[str, object]:
+        """JSON-ready; ``private=False`` leaves out who paused and why (anonymous callers)."""
+        out: dict[str, object] = {k: (v.isoformat() if isinstance(v, datetime) else v)
+                                  for k, v in asdict(self).items()}
+        out["title"], out["level"] = self.title, self.level
+        if not private:
+            out.pop("paused_by")
+            out["detail"] = self.title
+        return out
+
+
+@dataclass(frozen=True)
+class _Due:
+    sendable: int
+    oldest_sendable: datetime | None
+    held_by_meter: dict[str, int]
+    more: bool
+
+
+def health(conn: Connection, *, now: datetime, api_key_here: bool) -> Health:
+    """The state of sending now (see the module's docstring for the order they win in)."""
+    beats = conn.execute(select(H.c.can_send, H.c.breaker, H.c.holding_since,
+                                H.c.next_probe_at, H.c.last_failure, H.c.last_sent_at)
+                         .where(H.c.seen_at >= now - GONE_AFTER)).all()
+    last_sent = as_utc(conn.execute(select(func.max(T.c.sent_at))
+                                    .where(status_is("sent"))).scalar())
+    listing = sync.sync_status(conn, sync.METERS)
+    active = set(active_meters(conn)) if listing.ran_at is not None else None
+    due = _due(conn, now, active)
+
+    def state(name: str, detail: str, *, since: datetime | None = None,
+              next_probe_at: datetime | None = None, paused_by: str | None = None,
+              meter: str | None = None) -> Health:
+        return Health(name, detail, since=since, next_probe_at=next_probe_at,
+                      last_sent_at=last_sent, due=due.sendable, due_more=due.more,
+                      drainers=len(beats), paused_by=paused_by, meter=meter)
+
+    waiting = _count(due.sendable + sum(due.held_by_meter.values()), due.more)
+
+    if not (beats and any(b.can_send for b in beats)) and not api_key_here:
+        return state("no_api_key", f"STRIPE_API_KEY is not set: nothing is sent. "
+                      f"{waiting} due.")
+    pause = pause_state(conn)
+    if pause.paused:
+        who = pause.changed_by or ("a worker" if pause.kind == "systemic" else "an operator")
+        return state("paused", f"Sending is paused for every worker: "
+                     f"{pause.reason or 'no reason given'} (by {who}). {waiting} due.",
+                     since=pause.changed_at, paused_by=who)
+    holding = [b for b in beats if b.breaker != "closed"]
+    if holding:
+        since = _earliest(as_utc(b.holding_since) for b in holding)
+        probe = _earliest(as_utc(b.next_probe_at) for b in holding)
+        failure = next((b.last_failure for b in holding if b.last_failure), None)
+        return state("holding", f"Stripe is failing: {failure or 'calls fail'}. Sending is "
+                     f"held back and tried again with one probe call. {waiting} due.",
+                     since=since, next_probe_at=probe)
+    if active is not None and not active and listing.ok is False and due.held_by_meter:
+        # Stripe's meters were never read: a drainer sends nothing until it can list them.
+        why = listing.detail or "no answer"
+        return state("holding", f"Stripe's meters cannot be read ({why}); sending waits "
+                     f"until they can. {waiting} due.", since=listing.ran_at)
+    if due.held_by_meter:
+        meter, n = max(due.held_by_meter.items(), key=lambda kv: kv[1])
+        others = len(due.held_by_meter) - 1
+        return state("meter_missing", f"{_count(n, due.more)} wait for the meter "
+                      f"“{meter}”, which Stripe does not have (active)"
+                      + (f", and {others} other meter(s)" if others else "") + ".",
+                      meter=meter)
+    quiet = last_sent is None or now - last_sent >= STALLED_AFTER
+    if (due.oldest_sendable is not None and now - due.oldest_sendable >= STALLED_AFTER
+            and quiet):
+        minutes = int((now - (last_sent or due.oldest_sendable)).total_seconds() // 60)
+        why = ("no drainer is running" if not beats
+               else "the running drainers are not sending them")
+        return state("stalled", f"{waiting} due and nothing sent for {minutes} min: {why}.",
+                      since=last_sent)
+    if not quiet:
+        return state("sending", f"Events are going out to Stripe. {waiting} due.",
+                      since=last_sent)
+    if due.sendable:
+        return state("idle", f"{waiting} due recently; none sent yet.")
+    return state("idle", "Nothing is due to be sent.")
+
+
+def _due(conn: Connection, now: datetime, active: set[str] | None) -> _Due:
+    """The oldest due events (the claim's index, at most ``SAMPLE``), split into those a
+    drainer can send and those held for a meter Stripe does not have (``active``: the active
+    meters' event names, None before the meters were ever read). Events of tenants without a
+    customer are left out: they wait for a mapping (an alert of their own)."""
+    picked = (select(T.c.next_attempt_at, T.c.meter, T.c.tenant_id, T.c.stripe_customer_id)
+              .where(CLAIMABLE_SQL, T.c.next_attempt_at <= now)
+              .order_by(T.c.next_attempt_at, T.c.id).limit(SAMPLE).subquery())
+    rows = conn.execute(
+        select(picked.c.next_attempt_at, picked.c.meter,
+               (picked.c.stripe_customer_id.is_not(None)
+                | TENANTS.c.stripe_customer_id.is_not(None)).label("mapped"))
+        .select_from(picked.outerjoin(TENANTS, TENANTS.c.tenant_id == picked.c.tenant_id))
+    ).all()
+    sendable, oldest, held = 0, None, dict[str, int]()
+    for at, meter, mapped in rows:
+        if not mapped:
+            continue
+        if active is not None and meter not in active:
+            held[meter] = held.get(meter, 0) + 1
+            continue
+        sendable += 1
+        when = as_utc(at)
+        if when is not None and (oldest is None or when < oldest):
+            oldest = when
+    return _Due(sendable, oldest, held, len(rows) >= SAMPLE)
+
+
+def _count(n: int, more: bool) -> str:
+    if more:
+        return f"More than {n:,} events"
+    return f"{n:,} event" + ("" if n == 1 else "s")
+
+
+def _earliest(times: Iterable[datetime | None]) -> datetime | None:
+    return min((t for t in times if t is not None), default=None)
