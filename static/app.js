@@ -51,4 +51,54 @@
       event.preventDefault();
     }
   });
+
+  // <time datetime="…">: the viewer's own local time on hover (the page shows UTC).
+  function localTimes(root) {
+    root.querySelectorAll("time[datetime]").forEach(function (el) {
+      var at = new Date(el.getAttribute("datetime"));
+      if (isNaN(at.getTime())) return;
+      var local;
+      try {
+        local = at.toLocaleString(undefined, {dateStyle: "medium", timeStyle: "medium",
+                                              timeZoneName: "short"});
+      } catch (e) {
+        local = at.toString();
+      }
+      el.title = "Your time: " + local;
+    });
+  }
+
+  // .table-wrap scrolls sideways when its table is wider than the screen: make it a labelled
+  // region a keyboard can focus (and so scroll), named after its section's heading.
+  function tableRegions(root) {
+    root.querySelectorAll(".table-wrap").forEach(function (wrap) {
+      if (!wrap.hasAttribute("role")) wrap.setAttribute("role", "region");
+      if (!wrap.hasAttribute("aria-label")) {
+        var table = wrap.querySelector("table");
+        var section = wrap.closest("section, figure, form, main");
+        var head = section && section.querySelector("h2, figcaption, h1");
+        var name = (table && table.getAttribute("aria-label")) ||
+          (head && head.textContent.replace(/\s+/g, " ").trim()) || "Table";
+        wrap.setAttribute("aria-label", name);
+      }
+      if (wrap.scrollWidth > wrap.clientWidth) wrap.setAttribute("tabindex", "0");
+      else wrap.removeAttribute("tabindex");
+    });
+  }
+
+  function enhance(root) {
+    localTimes(root);
+    tableRegions(root);
+  }
+  if (document.readyState === "loading") {
+    document.addEventListener("DOMContentLoaded", function () { enhance(document); });
+  } else {
+    enhance(document);
+  }
+  // Content swapped in by htmx (polling panels, fragments).
+  document.addEventListener("htmx:load", function (event) {
+    var elt = event.detail && event.detail.elt;
+    enhance(elt && elt.querySelectorAll ? (elt.parentNode || elt) : document);
+  });
+  window.addEventListener("resize", function () { tableRegions(document); });
 })();
