@@ -59,8 +59,9 @@
       if (isNaN(at.getTime())) return;
       var local;
       try {
-        local = at.toLocaleString(undefined, {dateStyle: "medium", timeStyle: "medium",
-                                              timeZoneName: "short"});
+        local = at.toLocaleString(undefined, {year: "numeric", month: "short", day: "numeric",
+                                              hour: "2-digit", minute: "2-digit",
+                                              second: "2-digit", timeZoneName: "short"});
       } catch (e) {
         local = at.toString();
       }

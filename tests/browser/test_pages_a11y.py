@@ -332,3 +332,56 @@ def test_every_page_is_accessible_and_fits(site: Site, chromium: Any, mode: str)
     finally:
         context.close()
     assert not problems, "\n" + "\n".join(problems)
+
+
+def _login(page: Any) -> None:
+    page.goto("/login")
+    page.get_by_label("Email").fill(ADMIN)
+    page.get_by_label("Password").fill(PASSWORD)
+    with page.expect_navigation():
+        page.get_by_role("button", name="Log in").click()
+
+
+LOCAL_TITLES = """() => [...document.querySelectorAll('time[datetime]')]
+    .map(t => [t.getAttribute('datetime'), t.title])"""
+
+
+def test_times_show_the_viewers_own_time_and_stripes_duplicate_answer_is_neutral(
+        site: Site, chromium: Any) -> None:
+    """A support agent in New York reads an event Stripe already had: the answer is plain and
+    not red, and each time shows "… ago · … UTC" with their own time on hover, also in a
+    panel htmx has just replaced."""
+    from playwright.sync_api import expect
+
+    context = chromium.new_context(base_url=site.base, timezone_id="America/New_York",
+                                   color_scheme="light")
+    context.set_default_timeout(10_000)
+    try:
+        page = context.new_page()
+        _login(page)
+        page.goto(f"/events/{site.ids['duplicate']}")
+        answer = page.get_by_text("Stripe already had this event — counted once")
+        expect(answer).to_be_visible()
+        for locator in (answer, page.locator("#attempts .outcome-duplicate")):
+            r, g, b = (int(x) for x in re.findall(r"\d+", locator.evaluate(
+                "e => getComputedStyle(e).color"))[:3])
+            assert r - max(g, b) < 40, f"the duplicate answer is shown in red: rgb({r},{g},{b})"
+        first = page.locator("#attempts time").first
+        expect(first).to_have_text(
+            re.compile(r"^\d+ min ago · \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC$"))
+
+        times = page.evaluate(LOCAL_TITLES)
+        assert times and all(title.startswith("Your time: ") for _, title in times), times
+        assert any(re.search(r"\bEST\b|GMT-0?5", title) for _, title in times), times
+
+        # The overview's live panel, replaced by htmx as its poll would.
+        page.goto("/")
+        page.evaluate("""() => new Promise(done => {
+            document.body.addEventListener('htmx:afterSettle', () => done(), {once: true});
+            htmx.ajax('GET', '/', {target: '#overview-live', swap: 'outerHTML'});
+        })""")
+        swapped = page.evaluate("""() => [...document.querySelectorAll('#overview-live time')]
+            .map(t => t.title)""")
+        assert swapped and all(t.startswith("Your time: ") for t in swapped), swapped
+    finally:
+        context.close()
