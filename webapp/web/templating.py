@@ -83,8 +83,8 @@ def when(value: datetime | None) -> Markup:
     if value is None:
         return Markup('<span class="muted">—</span>')
     iso = value.astimezone(UTC).isoformat()
-    return Markup('<time datetime="{0}" title="{1} UTC"><span class="age">{2}</span>'
-                  '<span class="abs"> · {1} UTC</span></time>'
+    return Markup('<time datetime="{0}" title="{1} UTC"><span class="age">{2}</span> '
+                  '<span class="abs">· {1} UTC</span></time>'
                   ).format(iso, fmt_utc(value), fmt_age(value))
 
 
