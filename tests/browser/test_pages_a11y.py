@@ -45,8 +45,8 @@ DUPLICATE = ("An event already exists with identifier key-dup; events are dedupl
              "within 24 hours")
 
 #: Answers that are not HTML pages (exports, probes, assets).
-NOT_PAGES = frozenset({"static", "health.healthz", "health.readyz", "metrics.metrics",
-                       "audit.export", "tenants.export"})
+NOT_PAGES = frozenset({"static", "health.healthz", "health.readyz", "health.health",
+                       "metrics.metrics", "audit.export", "tenants.export"})
 
 MODES: dict[str, dict[str, Any]] = {
     "light": {"color_scheme": "light", "viewport": {"width": 1280, "height": 900}},
@@ -94,6 +94,9 @@ PAGES: tuple[Page, ...] = (
     Page("event-cancel", "/events/{duplicate}/cancel", ("events.cancel_confirm",)),
     # A miss goes back to the overview with a message.
     Page("find-miss", "/events?q=no-such-key", ("events.find",), wait_for=".flash-error"),
+    Page("search", "/search", ("search.index",)),
+    Page("search-results", "/search?q=key-", ("search.index",)),
+    Page("search-miss", "/search?q=nothing-like-this", ("search.index",)),
     Page("account-password", "/account/password", ("account.password",)),
     Page("error-404", "/events/999999999", (), status=404),
 )
