@@ -32,7 +32,7 @@ from werkzeug.serving import WSGIRequestHandler, make_server
 from webapp import create_app
 from webapp.db import make_engine
 from webapp.models import utcnow
-from webapp.outbox.operations import resolve
+from webapp.outbox.operations import pause, resolve
 from webapp.users import create_user
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.postgres]
@@ -121,7 +121,8 @@ class Site:
 
 def _seed(engine: Any) -> dict[str, int]:
     """Every kind of row, plus an event Stripe already had (the duplicate-identifier answer),
-    one retrying after an unknown outcome, a resolved one with its audit entry, and users."""
+    one retrying after an unknown outcome, a resolved one with its audit entry, users, and
+    sending paused."""
     from support.seed import Seed
 
     now = utcnow()
@@ -151,6 +152,9 @@ def _seed(engine: Any) -> dict[str, int]:
     create_user(engine, "finance@example.com", PASSWORD, "viewer", now=now)
     resolve(engine, [to_resolve], actor=ADMIN, reason="billed_manually",
             note="Billed by hand on invoice INV-2041", now=now)
+    # Paused: every page's status line in its alarm colours (and the overview's Resume button).
+    pause(engine, actor=ADMIN, reason="Stripe incident INC-311: holding until it is resolved",
+          now=now)
     return {"dead": ids["event_id"], "duplicate": dup, "retrying": retrying,
             "rejected": rejected}
 
