@@ -23,6 +23,13 @@
     }
   });
 
+  // <rect data-href="…"> in a chart: a click on a bar opens the events it counts. (The SVG is
+  // one image to assistive technology; the same links are in the chart's table view.)
+  document.addEventListener("click", function (event) {
+    var bar = event.target.closest ? event.target.closest("svg [data-href]") : null;
+    if (bar) window.location.assign(bar.getAttribute("data-href"));
+  });
+
   // <input type="checkbox" data-select-all="ids">: (un)check every box of that name in its form.
   document.addEventListener("change", function (event) {
     var box = event.target;
@@ -51,4 +58,55 @@
       event.preventDefault();
     }
   });
+
+  // <time datetime="…">: the viewer's own local time on hover (the page shows UTC).
+  function localTimes(root) {
+    root.querySelectorAll("time[datetime]").forEach(function (el) {
+      var at = new Date(el.getAttribute("datetime"));
+      if (isNaN(at.getTime())) return;
+      var local;
+      try {
+        local = at.toLocaleString(undefined, {year: "numeric", month: "short", day: "numeric",
+                                              hour: "2-digit", minute: "2-digit",
+                                              second: "2-digit", timeZoneName: "short"});
+      } catch (e) {
+        local = at.toString();
+      }
+      el.title = "Your time: " + local;
+    });
+  }
+
+  // .table-wrap scrolls sideways when its table is wider than the screen: make it a labelled
+  // region a keyboard can focus (and so scroll), named after its section's heading.
+  function tableRegions(root) {
+    root.querySelectorAll(".table-wrap").forEach(function (wrap) {
+      if (!wrap.hasAttribute("role")) wrap.setAttribute("role", "region");
+      if (!wrap.hasAttribute("aria-label")) {
+        var table = wrap.querySelector("table");
+        var section = wrap.closest("section, figure, form, main");
+        var head = section && section.querySelector("h2, figcaption, h1");
+        var name = (table && table.getAttribute("aria-label")) ||
+          (head && head.textContent.replace(/\s+/g, " ").trim()) || "Table";
+        wrap.setAttribute("aria-label", name);
+      }
+      if (wrap.scrollWidth > wrap.clientWidth) wrap.setAttribute("tabindex", "0");
+      else wrap.removeAttribute("tabindex");
+    });
+  }
+
+  function enhance(root) {
+    localTimes(root);
+    tableRegions(root);
+  }
+  if (document.readyState === "loading") {
+    document.addEventListener("DOMContentLoaded", function () { enhance(document); });
+  } else {
+    enhance(document);
+  }
+  // Content swapped in by htmx (polling panels, fragments).
+  document.addEventListener("htmx:load", function (event) {
+    var elt = event.detail && event.detail.elt;
+    enhance(elt && elt.querySelectorAll ? (elt.parentNode || elt) : document);
+  });
+  window.addEventListener("resize", function () { tableRegions(document); });
 })();

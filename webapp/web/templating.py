@@ -17,6 +17,7 @@ from ..db import reading
 from ..outbox.control import PauseState
 from ..read.counts import sending_state
 from ..read.health import Health, health
+from ..read.words import is_duplicate, outcome_words, state_words
 from ..users import MIN_PASSWORD, has_role
 from .common import now, svc
 from .security import csrf_token, current_user
@@ -76,11 +77,14 @@ def fmt_age(value: datetime | float | None) -> str:
 
 
 def when(value: datetime | None) -> Markup:
-    """A UTC time with its relative age, machine-readable in ``<time datetime>``."""
+    """A time as people read it, relative then absolute (``5 min ago · 2026-12-01 14:03:05
+    UTC``), machine-readable in ``<time datetime>``; static/app.js puts the viewer's own
+    local time in its title. The one way pages show a point in time."""
     if value is None:
         return Markup('<span class="muted">—</span>')
     iso = value.astimezone(UTC).isoformat()
-    return Markup('<time datetime="{0}" title="{1} UTC">{1}<span class="age">{2}</span></time>'
+    return Markup('<time datetime="{0}" title="{1} UTC"><span class="age">{2}</span> '
+                  '<span class="abs">· {1} UTC</span></time>'
                   ).format(iso, fmt_utc(value), fmt_age(value))
 
 
@@ -186,9 +190,11 @@ def qs(**params: Any) -> str:
 
 def init_app(app: Flask) -> None:
     app.jinja_env.autoescape = True  # every template, whatever its extension
-    app.jinja_env.filters.update(utc=fmt_utc, ago=fmt_age, num=num, pct=pct)
+    app.jinja_env.filters.update(utc=fmt_utc, ago=fmt_age, num=num, pct=pct,
+                                 state_words=state_words, outcome_words=outcome_words)
     app.jinja_env.globals.update(when=when, qs=qs, csrf_token=csrf_token, chrome=chrome,
-                                 has_role=has_role, escape=escape, tenant_url=tenant_url,
+                                 is_duplicate=is_duplicate, has_role=has_role, escape=escape,
+                                 tenant_url=tenant_url,
                                  event_url=event_url, usage_rows=usage_rows,
                                  usage_events_url=usage_events_url,
                                  stripe_url=stripe_url, stripe_link=stripe_link,

@@ -1,0 +1,53 @@
+"""Plain words for the codes the dashboard shows: one line for each event state and each call
+outcome, written for finance and support staff. The one place these sentences live; the
+templates reach them through the ``state_words`` and ``outcome_words`` filters."""
+
+from __future__ import annotations
+
+from ..outbox.states import Outcome, Status
+
+#: What each event state means, in one line.
+STATE_WORDS: dict[str, str] = {
+    Status.PENDING: "Waiting to be sent to Stripe for the first time.",
+    Status.PROCESSING: "Being sent to Stripe right now.",
+    Status.RETRYING: "A try did not go through; it is tried again automatically.",
+    Status.SENT: "Stripe accepted it; billed unless Stripe later reports a problem.",
+    Status.DEAD: "Sending stopped: a person must requeue or resolve it.",
+    Status.REJECTED: "Stripe accepted it, then refused it: nothing was billed.",
+    Status.RESOLVED: "Closed by a person with a reason; it will not be sent.",
+    Status.CANCELLED: "Withdrawn at Stripe by a person after it was sent: not billed.",
+}
+
+#: What each outcome of one call to Stripe means, in one line.
+OUTCOME_WORDS: dict[str, str] = {
+    Outcome.DELIVERED: "Stripe accepted the event.",
+    Outcome.NOT_EXECUTED: "Stripe was busy or unavailable and did nothing; tried again later.",
+    Outcome.UNKNOWN: ("No clear answer: Stripe may have it. Tried again with the same "
+                      "identifier, so it is never counted twice."),
+    Outcome.PERMANENT: "Stripe refused the event; sending it again cannot help.",
+    Outcome.SYSTEMIC: "Nothing can be sent (API key or account problem); sending is held.",
+    Outcome.METER_MISSING: "Stripe has no active meter of this name; the event waits for one.",
+    # Not a call: the rescuer's note on an event whose worker stopped answering.
+    "claim_expired": "The worker sending it stopped answering; it was put back in the queue.",
+}
+
+#: The answer "an event already exists with identifier …": delivered, counted once.
+DUPLICATE_WORDS = "Stripe already had this event — counted once"
+
+
+def is_duplicate(outcome: str | None, http_status: int | None) -> bool:
+    """Stripe's duplicate-identifier answer: the one error status recorded as delivered
+    (``stripe_gateway.errors.classify_error``)."""
+    return outcome == Outcome.DELIVERED and http_status is not None and http_status >= 400
+
+
+def state_words(status: str | None) -> str:
+    """The one-line explanation of an event state ("" for an unknown one)."""
+    return STATE_WORDS.get(status or "", "")
+
+
+def outcome_words(outcome: str | None, http_status: int | None = None) -> str:
+    """The one-line explanation of a call's outcome ("" for an unknown one)."""
+    if is_duplicate(outcome, http_status):
+        return DUPLICATE_WORDS
+    return OUTCOME_WORDS.get(outcome or "", "")
