@@ -93,7 +93,6 @@ PAGES: tuple[Page, ...] = (
     Page("event-rejected", "/events/{rejected}", ("events.show",)),
     Page("event-cancel", "/events/{duplicate}/cancel", ("events.cancel_confirm",)),
     # A miss goes back to the overview with a message.
-    Page("find-miss", "/events?q=no-such-key", ("events.find",), wait_for=".flash-error"),
     Page("events", "/events", ("events.find",)),
     Page("events-filtered", "/events?status=dead&status=pending&tenant=initech&attempts=0-3",
          ("events.find",)),

@@ -46,6 +46,9 @@ def test_missing_event_and_find(client_as, seed) -> None:
     ev = seed.event(idempotency_key="order:7")
     client = client_as("viewer")
     assert client.get("/events/999999").status_code == 404
-    assert client.get("/events?q=order:7").headers["Location"] == f"/events/{ev}"
-    assert client.get(f"/events?q={ev}").headers["Location"] == f"/events/{ev}"
-    assert client.get("/events?q=nope").headers["Location"] == "/"
+    # The old jump box's address goes to the search, which goes straight to a single hit.
+    assert client.get("/events?q=order:7").headers["Location"] == "/search?q=order:7"
+    assert client.get("/events?q=order:7", follow_redirects=True).request.path == f"/events/{ev}"
+    assert client.get(f"/events?q={ev}", follow_redirects=True).request.path == f"/events/{ev}"
+    miss = client.get("/events?q=nope", follow_redirects=True)
+    assert miss.request.path == "/search" and "nope" in miss.get_data(as_text=True)

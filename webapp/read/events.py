@@ -40,16 +40,3 @@ def event_detail(engine: Engine, event_id: int) -> EventDetail | None:
         samples = samples_for_event(conn, event_id)
     return EventDetail(row_dict(row), attempts, audit, row_dict(tenant) if tenant else None,
                        samples)
-
-
-def find_event(engine: Engine, q: str) -> int | None:
-    """The id of the event whose id, idempotency key or Stripe identifier is ``q``, if any."""
-    with reading(engine) as conn:
-        if q.isdigit() and len(q) <= 18:
-            found = conn.execute(select(T.c.id).where(T.c.id == int(q))).scalar()
-            if found is not None:
-                return int(found)
-        found = conn.execute(select(T.c.id).where(T.c.idempotency_key == q)).scalar()
-        if found is None:
-            found = conn.execute(select(T.c.id).where(T.c.stripe_identifier == q)).scalar()
-    return None if found is None else int(found)

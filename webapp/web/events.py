@@ -10,7 +10,7 @@ from ..outbox.operations import RESOLVE_REASONS
 from ..outbox.states import ALL_STATUSES, CANCEL_REFUSALS, CancelCheck, cancel_check
 from ..read import event_list as lists
 from ..read.dead_letters import check_row
-from ..read.events import EventDetail, event_detail, find_event
+from ..read.events import EventDetail, event_detail
 from ..read.rejected import reason_text
 from ..worker import cancel_events
 from .common import csv_response, now, render, svc
@@ -140,15 +140,12 @@ def cancel(event_id: int) -> ResponseReturnValue:
 @require_role("viewer")
 @accepts(Q, *LIST_FILTERS, LIMIT, BEFORE)
 def find() -> ResponseReturnValue:
-    """With ``q``: jump to an event by id or by idempotency key. Without: the events list,
-    filtered (each filter shown, removable), newest first, keyset-paginated by id."""
+    """With ``q`` (the old jump box's address, kept for bookmarks and scripts): the search,
+    which goes straight to a single hit. Without: the events list, filtered (each filter
+    shown, removable), newest first, keyset-paginated by id."""
     q = Q.get()
     if q:
-        found = find_event(svc().engine, q)
-        if found is not None:
-            return redirect(url_for("events.show", event_id=found))
-        flash(f"No event has the id or idempotency key {q!r}.", "error")
-        return redirect(url_for("dashboard.overview"))
+        return redirect(url_for("search.index", q=q))
     filters = list_filters()
     limit = LIMIT.get()
     page = lists.event_list(svc().engine, filters, now=now(), before=BEFORE.get(), limit=limit)
