@@ -147,6 +147,24 @@ def test_a_count_on_the_overview_leads_to_that_many_rows(operator: Visitor) -> N
     operator.assert_clean()
 
 
+def test_a_usage_figure_leads_to_those_events(operator: Visitor) -> None:
+    """Finance's question "what are these 5 sent events of Acme?": the figure on the usage
+    page opens exactly them, with the period and the tenant shown as filters."""
+    from playwright.sync_api import expect
+
+    page = operator.page
+    operator.goto("/tenants")
+    with page.expect_navigation():
+        page.get_by_role("link", name=f"{N_SENT} sent events of acme, api_requests").click()
+    expect(rows(page)).to_have_count(N_SENT)
+    expect(page.locator("#events-count")).to_contain_text(f"{N_SENT} events match")
+    chips = page.locator("#events-chips")
+    expect(chips).to_contain_text("status is sent")
+    expect(chips).to_contain_text("acme")
+    operator.shot("drill-06-usage-figure")
+    operator.assert_clean()
+
+
 def test_the_35_day_alert_leads_to_its_rows_and_its_fix(operator: Visitor,
                                                         stack: Stack) -> None:
     from playwright.sync_api import expect

@@ -173,7 +173,7 @@ def usage_rows(rows: Iterable[Any], statuses: tuple[str, ...], **params: Any) ->
         for s in statuses:
             q, n = int(r.quantity[s]), int(r.events[s])
             shown = (f'<a href="{escape(usage_events_url(r.tenant_id, r.meter, s, start, end))}"'
-                     f'>{n:,}</a>' if n else f"{n:,}")
+                     f' aria-label="{n:,} {s} events of {t}, {m}">{n:,}</a>' if n else f"{n:,}")
             cells.append(f'<td class="num{" zero" if not q else ""}" data-col="{s}_quantity">'
                          f'{q:,}</td><td class="num sub{" zero" if not n else ""}" '
                          f'data-col="{s}_events">{shown}</td>')
