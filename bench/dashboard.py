@@ -653,6 +653,7 @@ def routes(engine: Any, settings: Any) -> list[Route]:
         ("audit CSV", "/audit.csv"),
         ("events CSV, status=dead, code=api_error", "/events.csv?status=dead&code=api_error"),
         ("Prometheus metrics", "/metrics"),
+        ("state of sending (the status line, for monitors)", "/health"),
         ("liveness", "/healthz"),
         ("readiness", "/readyz"))]
     return out
