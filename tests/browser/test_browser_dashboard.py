@@ -17,12 +17,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
-import socket
-import subprocess
-import sys
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -33,6 +27,8 @@ import pytest
 from conftest import ROOT, _pg_database, cli, wait_for, worker_env
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
+from support.served import CHROMIUM, served
+from support.served import chromium as launch_chromium
 
 from webapp.db import make_engine
 from webapp.models import AuditEntry, OutboxEvent, utcnow
@@ -44,11 +40,7 @@ from webapp.users import create_user
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.postgres]
 
-CHROMIUM = "/usr/bin/chromium"
 REQUIRE_BROWSER = os.environ.get("REQUIRE_BROWSER") == "1"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
 SHOTS = ROOT / "test-artifacts" / "screenshots"
 PASSWORD = "amber-falcon-orchard-71"
 ADMIN = "ops-admin@example.com"
@@ -79,22 +71,6 @@ def _need_browser() -> None:
     if REQUIRE_BROWSER:
         pytest.fail(f"REQUIRE_BROWSER=1 but {reason}")
     pytest.skip(reason)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _status(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as resp:  # noqa: S310 - loopback only
-            return int(resp.status)
-    except urllib.error.HTTPError as exc:
-        return int(exc.code)
-    except OSError:
-        return 0
 
 
 @dataclass
@@ -135,9 +111,7 @@ def browser_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     db_url = next(db_gen)
     fake = FakeStripe().start()
     engine = make_engine(db_url)
-    proc: subprocess.Popen[bytes] | None = None
     log_path = tmp_path_factory.mktemp("browser") / "serve.log"
-    log = open(log_path, "wb")  # noqa: SIM115
     try:
         now = utcnow()
         set_tenant(engine, "acme", stripe_customer_id="cus_acme", name="Acme Corp", now=now)
@@ -174,24 +148,9 @@ def browser_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         paused = cli("pause", "--reason", PAUSE_REASON, env=env)
         assert paused.returncode == 0, paused.stderr
 
-        port = _free_port()
-        proc = subprocess.Popen([sys.executable, "-m", "webapp", "serve", "--port", str(port),
-                                 "--workers", "1"], env=env, cwd=ROOT, stdout=log,
-                                stderr=subprocess.STDOUT)
-        base = f"http://127.0.0.1:{port}"
-        wait_for(lambda: proc.poll() is not None or _status(base + "/healthz") == 200, 30,
-                 message="gunicorn answers /healthz")
-        assert proc.poll() is None, log_path.read_text(errors="replace")[-3000:]
-        yield Stack(base, db_url, engine, fake, log_path, good, dead, unmapped)
+        with served(env, log_path) as base:
+            yield Stack(base, db_url, engine, fake, log_path, good, dead, unmapped)
     finally:
-        if proc is not None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=40)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
-        log.close()
         fake.stop()
         engine.dispose()
         db_gen.close()  # drops the schema
@@ -200,15 +159,9 @@ def browser_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 @pytest.fixture(scope="module")
 def chromium(browser_stack: Stack) -> Iterator[Any]:
     """One headless Chromium for the module (Debian's binary; never downloaded)."""
-    from playwright.sync_api import sync_playwright
-
     SHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield browser
-        finally:
-            browser.close()
+    with launch_chromium() as browser:
+        yield browser
 
 
 # Reports a CSP violation as a console error (Chromium logs one too; this also gives the

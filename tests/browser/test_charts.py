@@ -95,7 +95,7 @@ def test_a_tenant_opened_from_the_usage_table_keeps_its_period(
         page.get_by_role("link", name="Last 7 days").click()
     start, end = re.search(r"from=([\d-]+)&to=([\d-]+)", page.url).groups()
     with page.expect_navigation():
-        page.locator("#usage-table").get_by_role("link", name="acme").click()
+        page.locator("#usage-table").get_by_role("link", name="acme", exact=True).click()
     expect(page.locator(".period-line")).to_contain_text(f"{start} – {end}")
     expect(page.get_by_role("link", name="Last 7 days")).to_have_attribute("aria-current", "true")
     chart = page.locator("#tenant-daily")

@@ -7,26 +7,15 @@ the numbers stay still while they are compared; screenshots under test-artifacts
 from __future__ import annotations
 
 import re
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from conftest import ROOT, _pg_database, wait_for, worker_env
+from conftest import _pg_database, worker_env
 from sqlalchemy import update
-from test_browser_dashboard import (
-    CHROMIUM,
-    CHROMIUM_ARGS,
-    SHOTS,
-    Stack,
-    Visitor,
-    _free_port,
-    _need_browser,
-    _status,
-)
+from support.served import chromium, served
+from test_browser_dashboard import SHOTS, Stack, Visitor, _need_browser
 
 from webapp.db import make_engine
 from webapp.models import OutboxEvent, utcnow
@@ -52,8 +41,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     db_url = next(db_gen)
     engine = make_engine(db_url)
     log_path = tmp_path_factory.mktemp("drill") / "serve.log"
-    log = open(log_path, "wb")  # noqa: SIM115
-    proc: subprocess.Popen[bytes] | None = None
     try:
         now = utcnow()
         seed = Seed(engine)
@@ -65,35 +52,17 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         dead = seed.events(N_DEAD, status="dead")
         seed.events(N_SENT, status="sent", stripe_customer_id="cus_acme")
         env = worker_env(db_url, "http://127.0.0.1:9", DRAINER_ENABLED="false")
-        port = _free_port()
-        proc = subprocess.Popen([sys.executable, "-m", "webapp", "serve", "--port", str(port),
-                                 "--workers", "1"], env=env, cwd=ROOT, stdout=log,
-                                stderr=subprocess.STDOUT)
-        base = f"http://127.0.0.1:{port}"
-        wait_for(lambda: proc.poll() is not None or _status(base + "/healthz") == 200, 30,
-                 message="gunicorn answers /healthz")
-        assert proc.poll() is None, log_path.read_text(errors="replace")[-3000:]
-        yield Stack(base, db_url, engine, None, log_path, [], dead, near)
+        with served(env, log_path) as base:
+            yield Stack(base, db_url, engine, None, log_path, [], dead, near)
     finally:
-        if proc is not None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=40)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
-        log.close()
         engine.dispose()
         db_gen.close()
 
 
 @pytest.fixture(scope="module")
 def operator(stack: Stack) -> Iterator[Visitor]:
-    from playwright.sync_api import sync_playwright
-
     SHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    with chromium() as browser:
         v = Visitor(browser, stack)
         page = v.page
         v.goto("/login")
@@ -105,7 +74,6 @@ def operator(stack: Stack) -> Iterator[Visitor]:
             yield v
         finally:
             v.close()
-            browser.close()
 
 
 def rows(page: Any) -> Any:

@@ -25,7 +25,8 @@ from typing import Any
 
 import pytest
 from conftest import ROOT, _pg_database, make_settings
-from test_browser_dashboard import CHROMIUM, CHROMIUM_ARGS, _need_browser
+from support.served import chromium as launch_chromium
+from test_browser_dashboard import _need_browser
 from web.conftest import seed_every_kind
 from werkzeug.serving import WSGIRequestHandler, make_server
 
@@ -185,14 +186,8 @@ def site() -> Iterator[Site]:
 
 @pytest.fixture(scope="module")
 def chromium(site: Site) -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield browser
-        finally:
-            browser.close()
+    with launch_chromium() as browser:
+        yield browser
 
 
 def test_the_vendored_axe_is_the_recorded_file() -> None:

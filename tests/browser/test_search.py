@@ -9,27 +9,16 @@ the module, on PostgreSQL; the browser pieces come from ``test_browser_dashboard
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from conftest import ROOT, _pg_database, wait_for, worker_env
+from conftest import _pg_database, worker_env
 from sqlalchemy.orm import Session
-from test_browser_dashboard import (
-    CHROMIUM,
-    CHROMIUM_ARGS,
-    PASSWORD,
-    SHOTS,
-    Visitor,
-    _free_port,
-    _need_browser,
-    _status,
-)
+from support.served import chromium, served
+from test_browser_dashboard import PASSWORD, SHOTS, Visitor, _need_browser
 
 from webapp.db import make_engine
 from webapp.models import utcnow
@@ -56,7 +45,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SearchStack]:
     db_url = next(db_gen)
     engine = make_engine(db_url)
     log_path = tmp_path_factory.mktemp("search") / "serve.log"
-    proc: subprocess.Popen[bytes] | None = None
     try:
         now = utcnow()
         set_tenant(engine, "t-0042", stripe_customer_id="cus_globex",
@@ -72,20 +60,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SearchStack]:
                                             idempotency_key=key,
                                             occurred_at=now - timedelta(hours=1)).id
         env = worker_env(db_url, DRAINER_ENABLED="false")
-        port = _free_port()
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "webapp", "serve", "--port",
-                                     str(port), "--workers", "1"], env=env, cwd=ROOT,
-                                    stdout=log, stderr=subprocess.STDOUT)
-        base = f"http://127.0.0.1:{port}"
-        wait_for(lambda: proc.poll() is not None or _status(base + "/healthz") == 200, 30,
-                 message="gunicorn answers /healthz")
-        assert proc.poll() is None, log_path.read_text(errors="replace")[-3000:]
-        yield SearchStack(base, events)
+        with served(env, log_path) as base:
+            yield SearchStack(base, events)
     finally:
-        if proc is not None:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=30)
         engine.dispose()
         db_gen.close()
 
@@ -93,18 +70,14 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SearchStack]:
 @pytest.fixture(scope="module")
 def agent(stack: SearchStack) -> Iterator[Visitor]:
     """A viewer signed in, in one headless Chromium for the module."""
-    from playwright.sync_api import sync_playwright
-
     SHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    with chromium() as browser:
         visitor = Visitor(browser, stack)  # type: ignore[arg-type]
         try:
             visitor.login(AGENT)
             yield visitor
         finally:
             visitor.close()
-            browser.close()
 
 
 def search(agent: Visitor, query: str) -> Any:
