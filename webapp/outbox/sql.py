@@ -199,6 +199,8 @@ def as_utc(value: datetime | str | None) -> datetime | None:
         return None
     if isinstance(value, str):
         value = datetime.fromisoformat(value)
+    if value.tzinfo is UTC:  # what typed columns give back: nothing to do
+        return value
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 

@@ -135,13 +135,22 @@ _TRIGGER = re.compile(r"[=+\-@\t\r]")
 
 def _cell(value: Any) -> Any:
     """One value as a CSV cell: numbers as they are, everything else as defused text."""
-    if value is None:
+    kind = type(value)  # the exact types first: an export formats every cell of every row
+    if kind is str:
+        text = value
+    elif value is None:
         return ""
-    if isinstance(value, int | float | Decimal) and not isinstance(value, bool):
+    elif kind is int or kind is float or kind is Decimal:
         return value
-    if isinstance(value, datetime):
-        return value.astimezone(UTC).isoformat()  # starts with a digit, no separator in it
-    text = str(value)
+    elif kind is datetime:
+        # Starts with a digit and holds no separator; already UTC when read from a column.
+        return (value if value.tzinfo is UTC else value.astimezone(UTC)).isoformat()
+    elif isinstance(value, int | float | Decimal) and not isinstance(value, bool):
+        return value
+    elif isinstance(value, datetime):
+        return value.astimezone(UTC).isoformat()
+    else:
+        text = str(value)
     # Most cells hold no trigger character at all: one scan of a character class, instead of
     # the lookahead at every separator (ids joined by commas made the audit CSV 3× slower).
     return _FORMULA_START.sub(r"\1'", text) if _TRIGGER.search(text) else text
