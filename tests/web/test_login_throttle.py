@@ -152,6 +152,8 @@ def test_throttling_holds_across_two_gunicorn_workers(pg_url: str, tmp_path: Pat
             # The right password, ten at a time, until each worker has refused it: the lock
             # is in the database, so both say 429 (which worker takes a connection is up to
             # the kernel, hence the batches).
+            wait_for(lambda: len(answered()) >= 10, 10, interval=0.05,
+                     message="the wrong guesses in the access log")
             seen = len(answered())
             refused_by: set[str] = set()
             for _ in range(8):
