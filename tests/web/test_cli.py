@@ -12,7 +12,7 @@ import json
 import secrets
 import subprocess
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -334,3 +334,61 @@ def test_refusals_are_one_line(sqlite_env: dict[str, str], tmp_path: Path, args:
                     assert conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one() == 0
         finally:
             engine.dispose()
+
+
+def test_usage_equals_counting_rows_with_a_pair_for_every_status(
+        env: dict[str, str], engine: Engine, seed: Any) -> None:
+    """``usage --json`` (the contract's shape) gives, per tenant and meter, the events and
+    units of each status that occurred in the period, as a plain count of the rows does:
+    sent ones read from the rollup (folded) and past it alike, in-flight ones apart."""
+    from webapp.outbox import rollups
+    from webapp.outbox.states import ALL_STATUSES
+
+    now = utcnow()
+    old = now - timedelta(days=3)
+    seed.tenant("acme", "cus_acme")
+    for status, tenant, qty in (("sent", "acme", 5), ("pending", "acme", 2),
+                                ("retrying", "globex", 3), ("dead", "acme", 7),
+                                ("resolved", "globex", 1), ("cancelled", "acme", 4),
+                                ("rejected", "acme", 6)):
+        seed.event(status=status, tenant_id=tenant, quantity=qty, occurred_at=old, now=old)
+    seed.event(status="processing", quantity=9, occurred_at=old,
+               processing_deadline_at=now + timedelta(minutes=1), claim_token="t",
+               claimed_by="h:1:ab")
+    seed.event(status="sent", quantity=100, occurred_at=now - timedelta(days=40))  # outside
+    assert rollups.fold(engine, now=now, margin=rollups.fold_margin(30)) is True
+    seed.event(status="sent", quantity=8, occurred_at=old, sent_at=now)  # past the rollup
+    start, end = (old - timedelta(days=1)).date(), now.date()
+
+    out = cli("usage", "--json", "--from", start.isoformat(), "--to", end.isoformat(), env=env)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert (data["from"], data["to"]) == (start.isoformat(), end.isoformat())
+    got = {(r["tenant_id"], r["meter"]): r for r in data["rows"]}
+    T = OutboxEvent.__table__
+    lo = datetime.combine(start, datetime.min.time(), tzinfo=UTC)
+    hi = datetime.combine(end + timedelta(days=1), datetime.min.time(), tzinfo=UTC)
+    with engine.connect() as conn:
+        counted = conn.execute(select(T.c.tenant_id, T.c.meter, T.c.status, func.count(),
+                                      func.sum(T.c.quantity))
+                               .where(T.c.occurred_at >= lo, T.c.occurred_at < hi)
+                               .group_by(T.c.tenant_id, T.c.meter, T.c.status)).all()
+    expected: dict[tuple[str, str], dict[str, int]] = {}
+    for tenant, meter, status, n, q in counted:
+        row = expected.setdefault((tenant, meter), {})
+        row[f"{status}_events"], row[f"{status}_units"] = int(n), int(q)
+    assert set(got) == set(expected)
+    for key, row in got.items():
+        assert {f"{s}_{w}" for s in ALL_STATUSES for w in ("events", "units")} <= set(row)
+        for name, value in row.items():
+            if name.endswith(("_events", "_units")):
+                assert value == expected[key].get(name, 0), (key, name)
+    assert got[("acme", "api_requests")]["sent_units"] == 13  # folded 5 + live 8
+    assert got[("acme", "api_requests")]["processing_events"] == 1
+
+    month = json.loads(cli("usage", "--json", "--tenant", "globex", env=env).stdout)
+    assert month["from"] == now.date().replace(day=1).isoformat()  # this month by default
+    assert {r["tenant_id"] for r in month["rows"]} <= {"globex"}
+    for bad in (["--from", "2026-13-01"], ["--from", "2026-12-02", "--to", "2026-12-01"]):
+        refused = cli("usage", *bad, env=env)
+        assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr

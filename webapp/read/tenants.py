@@ -63,19 +63,21 @@ def month_start(now: datetime) -> date:
 
 
 def tenant_usage(engine: Engine, *, start: date, end: date,
-                 tenant_id: str | None = None) -> Usage:
+                 tenant_id: str | None = None, in_flight_apart: bool = False) -> Usage:
     """:func:`usage_in` in a snapshot of its own."""
     with reading(engine) as conn:
-        return usage_in(conn, start=start, end=end, tenant_id=tenant_id)
+        return usage_in(conn, start=start, end=end, tenant_id=tenant_id,
+                        in_flight_apart=in_flight_apart)
 
 
 def usage_in(conn: Connection, *, start: date, end: date,
-             tenant_id: str | None = None) -> Usage:
+             tenant_id: str | None = None, in_flight_apart: bool = False) -> Usage:
     """Usage per tenant and meter for events that *occurred* (Stripe bills by the event's
     timestamp) on UTC days ``start``…``end`` inclusive: events and quantities by status.
-    Processing counts as pending. Sent comes from the rollup plus the rows past its mark;
-    the rest through ``ix_outbox_unsent``. Raises ``ValueError`` for a period that ends
-    before it starts."""
+    Processing counts as pending (the page's columns), or as ``processing`` of its own with
+    ``in_flight_apart`` (the ``usage`` command: a pair for every status). Sent comes from
+    the rollup plus the rows past its mark; the rest through ``ix_outbox_unsent``. Raises
+    ``ValueError`` for a period that ends before it starts."""
     if end < start:
         raise ValueError("the period ends before it starts")
     lo = datetime(start.year, start.month, start.day, tzinfo=UTC)
@@ -86,6 +88,8 @@ def usage_in(conn: Connection, *, start: date, end: date,
         r = table.get((t, m))
         if r is None:
             r = table[(t, m)] = UsageRow(t, m)
+            if in_flight_apart:
+                r.events["processing"] = r.quantity["processing"] = 0
         return r
 
     mark = read_mark(conn, SENT_USAGE)
@@ -103,7 +107,7 @@ def usage_in(conn: Connection, *, start: date, end: date,
                        int_sum(T.c.quantity))
                 .where(*where, *span).group_by(T.c.tenant_id, T.c.meter, T.c.status)
         ).all():
-            status = "pending" if s == "processing" else s
+            status = "pending" if s == "processing" and not in_flight_apart else s
             r = row(t, m)
             r.events[status] += int(n)
             r.quantity[status] += int(q)

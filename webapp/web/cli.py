@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, date, datetime
 from typing import Any, NoReturn
 
 import click
@@ -191,6 +191,49 @@ def tenants_list(as_json: bool) -> None:
         click.echo(f"{row['tenant_id']}\t{row['stripe_customer_id'] or '-'}\t{row['name'] or ''}")
 
 
+def _parse_day(value: str | None) -> date | None:
+    if value is None:
+        return None
+    try:
+        return date.fromisoformat(value)
+    except ValueError:
+        raise click.BadParameter(f"not a date (YYYY-MM-DD): {value!r}") from None
+
+
+@click.command("usage")
+@click.option("--from", "start", default=None, help="First UTC day (YYYY-MM-DD); default: "
+              "the first of this month.")
+@click.option("--to", "end", default=None, help="Last UTC day, included; default: today.")
+@click.option("--tenant", default=None, help="One tenant only.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def usage(start: str | None, end: str | None, tenant: str | None, as_json: bool) -> None:
+    """The Tenants & usage numbers: events and units per tenant and meter, by status, for the
+    events that occurred (UTC days) in the period, as Stripe bills them."""
+    from ..read.tenants import USAGE_STATUSES, month_start, tenant_usage
+
+    now = _svc().clock()
+    first = _parse_day(start) or month_start(now)
+    last = _parse_day(end) or now.astimezone(UTC).date()
+    if last < first:
+        raise click.BadParameter(f"--to {last} is before --from {first}")
+    found = tenant_usage(_svc().engine, start=first, end=last, tenant_id=tenant,
+                         in_flight_apart=True)
+    statuses = (*USAGE_STATUSES, "processing")
+    rows = [{"tenant_id": r.tenant_id, "meter": r.meter,
+             **{f"{s}_{what}": getattr(r, field)[s] for s in statuses
+                for what, field in (("events", "events"), ("units", "quantity"))}}
+            for r in found.rows]
+    if as_json:
+        click.echo(json.dumps({"from": first.isoformat(), "to": last.isoformat(),
+                               "rows": rows}))
+        return
+    click.echo(f"usage that occurred {first} – {last} (UTC days): events / units")
+    click.echo("\t".join(["tenant", "meter", *statuses]))
+    for r in rows:
+        click.echo("\t".join([str(r["tenant_id"]), str(r["meter"]), *(
+            f"{r[f'{s}_events']}/{r[f'{s}_units']}" for s in statuses)]))
+
+
 @click.group("users")
 def users() -> None:
     """Dashboard users."""
@@ -349,7 +392,7 @@ def resume() -> None:
 
 
 COMMANDS: list[click.Command] = [db_group, serve, worker, drain, stats, tenants, users,
-                                 enqueue, requeue, resolve, pause, resume]
+                                 usage, enqueue, requeue, resolve, pause, resume]
 
 
 def register_commands(app: Flask) -> None:
