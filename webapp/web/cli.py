@@ -174,6 +174,34 @@ def tenants_set(tenant_id: str, stripe_customer: str, name: str | None) -> None:
     click.echo(f"{tenant_id} -> {stripe_customer}")
 
 
+@tenants.command("import")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, readable=True))
+@click.option("--dry-run", is_flag=True, help="Check the file and count the changes; write "
+              "nothing.")
+def tenants_import(file: str, dry_run: bool) -> None:
+    """Map many tenants from a CSV file (columns tenant_id,stripe_customer_id[,name]):
+    all or nothing; one bad line refuses the file, each one named."""
+    from ..outbox.tenant_import import import_mappings
+
+    with open(file, encoding="utf-8-sig", newline="") as fh:
+        try:
+            result = import_mappings(_svc().engine, fh, now=_svc().clock(), actor=actor(),
+                                     source=os.path.basename(file), dry_run=dry_run)
+        except UnicodeDecodeError:
+            click.echo(f"{file}: not UTF-8 text; save it as CSV UTF-8 and try again", err=True)
+            raise SystemExit(1) from None
+    if result.bad_lines:
+        for problem in result.problems:
+            click.echo(problem, err=True)
+        more = result.bad_lines - len(result.problems)
+        click.echo((f"(and {more} more) " if more else "")
+                   + f"{result.bad_lines} bad line{'s' if result.bad_lines != 1 else ''}: "
+                   "nothing was changed", err=True)
+        raise SystemExit(1)
+    click.echo(("dry run, nothing written: would be " if dry_run else "")
+               + result.summary())
+
+
 @tenants.command("list")
 @click.option("--json", "as_json", is_flag=True)
 def tenants_list(as_json: bool) -> None:

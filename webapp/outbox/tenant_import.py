@@ -1,0 +1,192 @@
+"""Mapping many tenants at once: ``billing-outbox tenants import FILE.csv [--dry-run]``.
+
+The file has a header naming its columns: ``tenant_id`` and ``stripe_customer_id``, and
+``name`` if wanted. It is all-or-nothing: every line is checked first, and one bad line (an
+empty tenant id, a customer id that is not ``cus_…``, one tenant given two customers) refuses
+the whole file with one message per bad line, nothing changed. Otherwise the changes are
+written in one transaction, with one audit entry that counts them. Lines already true are
+counted as unchanged and not written. An empty ``name`` keeps the name a tenant has.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sqlalchemy import Connection, Engine, bindparam, insert, select
+from sqlalchemy import update as sa_update
+from sqlalchemy.exc import IntegrityError
+
+from ..audit import write_audit
+from ..models import fit, fits, limit_of
+from .operations import OperationError
+from .sql import TENANTS, text_in
+
+COLUMNS = ("tenant_id", "stripe_customer_id", "name")
+#: Stripe's customer ids: ``cus_`` and letters and digits.
+CUSTOMER_ID = re.compile(r"cus_[A-Za-z0-9]+\Z")
+#: Lines written (and existing tenants read) per statement.
+BATCH = 2000
+#: Bad lines reported at most; the count says how many there were in all.
+MAX_PROBLEMS = 200
+
+
+@dataclass(frozen=True)
+class Mapping:
+    line: int
+    tenant_id: str
+    stripe_customer_id: str
+    name: str | None
+
+
+@dataclass
+class ImportPlan:
+    """What importing a file would do: the lines to add and to change, how many are already
+    true, and every bad line (when there is one, nothing may be applied)."""
+
+    added: list[Mapping] = field(default_factory=list)
+    changed: list[Mapping] = field(default_factory=list)
+    unchanged: int = 0
+    problems: list[str] = field(default_factory=list)
+    bad_lines: int = 0
+
+    def summary(self) -> str:
+        return (f"{len(self.added)} added, {len(self.changed)} changed, "
+                f"{self.unchanged} unchanged")
+
+
+def read_file(lines: Iterable[str]) -> tuple[list[Mapping], ImportPlan]:
+    """The file's mappings, and a plan holding its bad lines (if any)."""
+    out = ImportPlan()
+
+    def bad(line: int, why: str) -> None:
+        out.bad_lines += 1
+        if len(out.problems) < MAX_PROBLEMS:
+            out.problems.append(f"line {line}: {why}")
+
+    reader = csv.reader(lines)
+    try:
+        header = next(reader, None)
+    except csv.Error as exc:
+        bad(1, f"not CSV ({exc})")
+        return [], out
+    if header is None:
+        bad(1, "the file is empty; its first line names the columns "
+               "tenant_id,stripe_customer_id,name")
+        return [], out
+    names = [h.strip().lower().lstrip("\ufeff") for h in header]
+    unknown = [h for h in names if h not in COLUMNS]
+    missing = [c for c in COLUMNS[:2] if c not in names]
+    if unknown or missing or len(set(names)) != len(names):
+        bad(1, "the first line must name the columns tenant_id,stripe_customer_id and "
+               f"optionally name (got {','.join(header)!r})")
+        return [], out
+    at = {name: i for i, name in enumerate(names)}
+    seen: dict[str, Mapping] = {}
+    rows: list[Mapping] = []
+    try:
+        for number, row in enumerate(reader, start=2):
+            if not any(cell.strip() for cell in row):
+                continue  # a blank line
+            if len(row) != len(names):
+                bad(number, f"{len(row)} cells, the header has {len(names)}")
+                continue
+            tenant = row[at["tenant_id"]].strip()
+            customer = row[at["stripe_customer_id"]].strip()
+            name = row[at["name"]].strip() if "name" in at else ""
+            why = _refused(tenant, customer)
+            if why:
+                bad(number, why)
+                continue
+            m = Mapping(number, tenant, customer, fit(TENANTS.c.name, name) if name else None)
+            first = seen.get(tenant)
+            if first is not None:
+                if (first.stripe_customer_id, first.name) != (customer, m.name):
+                    bad(number, f"tenant {tenant!r} is also on line {first.line} with "
+                                "another customer or name")
+                continue
+            seen[tenant] = m
+            rows.append(m)
+    except csv.Error as exc:
+        bad(reader.line_num, f"not CSV ({exc})")
+    return rows, out
+
+
+def _refused(tenant: str, customer: str) -> str | None:
+    if not tenant:
+        return "the tenant id is empty"
+    if len(tenant) > 100 or not tenant.isprintable():
+        return f"tenant id {tenant[:40]!r} is not 1–100 printable characters"
+    if not CUSTOMER_ID.match(customer):
+        return (f"Stripe customer id {customer[:40]!r} is not cus_ followed by letters and "
+                "digits")
+    if not fits(TENANTS.c.stripe_customer_id, customer):
+        return f"Stripe customer id is longer than {limit_of(TENANTS.c.stripe_customer_id)}"
+    return None
+
+
+def plan(conn: Connection, rows: list[Mapping], out: ImportPlan) -> ImportPlan:
+    """Sort ``rows`` into added, changed and unchanged against the tenants there are."""
+    for i in range(0, len(rows), BATCH):
+        chunk = rows[i:i + BATCH]
+        have = {r.tenant_id: r for r in conn.execute(
+            select(TENANTS.c.tenant_id, TENANTS.c.stripe_customer_id, TENANTS.c.name)
+            .where(text_in(conn, TENANTS.c.tenant_id, [m.tenant_id for m in chunk])))}
+        for m in chunk:
+            now_ = have.get(m.tenant_id)
+            if now_ is None:
+                out.added.append(m)
+            elif now_.stripe_customer_id != m.stripe_customer_id or (
+                    m.name is not None and now_.name != m.name):
+                out.changed.append(m)
+            else:
+                out.unchanged += 1
+    return out
+
+
+def import_mappings(engine: Engine, lines: Iterable[str], *, now: datetime, actor: str,
+                    source: str, dry_run: bool = False) -> ImportPlan:
+    """Check the whole file, then (unless ``dry_run`` or a line is bad) apply it in one
+    transaction with one audit entry. The plan says what was (or would be) done."""
+    rows, out = read_file(lines)
+    if out.bad_lines:
+        return out
+    try:
+        return _apply(engine, rows, out, now=now, actor=actor, source=source, dry_run=dry_run)
+    except IntegrityError:
+        # Someone mapped one of these new tenants between the read and the write: the whole
+        # file was rolled back; the next run sees that tenant and counts it as it should.
+        raise OperationError("a tenant in the file was mapped by someone else meanwhile; "
+                             "nothing was changed, run the import again") from None
+
+
+def _apply(engine: Engine, rows: list[Mapping], out: ImportPlan, *, now: datetime,
+           actor: str, source: str, dry_run: bool) -> ImportPlan:
+    with engine.begin() as conn:
+        plan(conn, rows, out)
+        if dry_run or not (out.added or out.changed):
+            return out
+        for i in range(0, len(out.added), BATCH):
+            conn.execute(insert(TENANTS), [
+                {"tenant_id": m.tenant_id, "stripe_customer_id": m.stripe_customer_id,
+                 "name": m.name, "created_at": now, "updated_at": now}
+                for m in out.added[i:i + BATCH]])
+        update = (sa_update(TENANTS).where(TENANTS.c.tenant_id == bindparam("t"))
+                  .values(stripe_customer_id=bindparam("c"), updated_at=now))
+        named = update.values(name=bindparam("n"))
+        for i in range(0, len(out.changed), BATCH):
+            chunk = out.changed[i:i + BATCH]
+            with_name = [{"t": m.tenant_id, "c": m.stripe_customer_id, "n": m.name}
+                         for m in chunk if m.name is not None]
+            without = [{"t": m.tenant_id, "c": m.stripe_customer_id}
+                       for m in chunk if m.name is None]
+            if with_name:
+                conn.execute(named, with_name)
+            if without:
+                conn.execute(update, without)
+        write_audit(conn, actor=actor, action="tenants_import", now=now,
+                    note=f"{source}: {out.summary()}")
+    return out
