@@ -1,0 +1,128 @@
+"""The commands about tenants and their usage: ``tenants set|import|list`` (the mapping to
+Stripe customers, one or many at once) and ``usage`` (the Tenants & usage numbers for
+scripts). Thin, like the others: parse, call one function, print."""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import UTC, date
+
+import click
+from flask import current_app
+
+from ..services import Services, services_of
+from .cli import actor
+
+
+def _svc() -> Services:
+    return services_of(current_app)
+
+
+@click.group("tenants")
+def tenants() -> None:
+    """The tenant → Stripe customer mapping."""
+
+
+@tenants.command("set")
+@click.argument("tenant_id")
+@click.option("--stripe-customer", required=True, help="cus_…")
+@click.option("--name", default=None)
+def tenants_set(tenant_id: str, stripe_customer: str, name: str | None) -> None:
+    """Map TENANT_ID to a Stripe customer (its waiting events become sendable)."""
+    from ..outbox.operations import set_tenant
+
+    set_tenant(_svc().engine, tenant_id, stripe_customer_id=stripe_customer, name=name,
+               now=_svc().clock(), actor=actor())
+    click.echo(f"{tenant_id} -> {stripe_customer}")
+
+
+@tenants.command("import")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, readable=True))
+@click.option("--dry-run", is_flag=True, help="Check the file and count the changes; write "
+              "nothing.")
+def tenants_import(file: str, dry_run: bool) -> None:
+    """Map many tenants from a CSV file (columns tenant_id,stripe_customer_id[,name]):
+    all or nothing; one bad line refuses the file, each one named."""
+    from ..outbox.tenant_import import import_mappings
+
+    with open(file, encoding="utf-8-sig", newline="") as fh:
+        try:
+            result = import_mappings(_svc().engine, fh, now=_svc().clock(), actor=actor(),
+                                     source=os.path.basename(file), dry_run=dry_run)
+        except UnicodeDecodeError:
+            click.echo(f"{file}: not UTF-8 text; save it as CSV UTF-8 and try again", err=True)
+            raise SystemExit(1) from None
+    if result.bad_lines:
+        for problem in result.problems:
+            click.echo(problem, err=True)
+        more = result.bad_lines - len(result.problems)
+        click.echo((f"(and {more} more) " if more else "")
+                   + f"{result.bad_lines} bad line{'s' if result.bad_lines != 1 else ''}: "
+                   "nothing was changed", err=True)
+        raise SystemExit(1)
+    click.echo(("dry run, nothing written: would be " if dry_run else "")
+               + result.summary())
+
+
+@tenants.command("list")
+@click.option("--json", "as_json", is_flag=True)
+def tenants_list(as_json: bool) -> None:
+    """Every tenant and its Stripe customer."""
+    from ..db import reading
+    from ..read.tenants import tenants_list
+
+    with reading(_svc().engine) as conn:
+        rows = [{k: r[k] for k in ("tenant_id", "name", "stripe_customer_id")}
+                for r in tenants_list(conn)]
+    if as_json:
+        click.echo(json.dumps(rows))
+        return
+    for row in rows:
+        click.echo(f"{row['tenant_id']}\t{row['stripe_customer_id'] or '-'}\t{row['name'] or ''}")
+
+
+def _parse_day(value: str | None) -> date | None:
+    if value is None:
+        return None
+    try:
+        return date.fromisoformat(value)
+    except ValueError:
+        raise click.BadParameter(f"not a date (YYYY-MM-DD): {value!r}") from None
+
+
+@click.command("usage")
+@click.option("--from", "start", default=None, help="First UTC day (YYYY-MM-DD); default: "
+              "the first of this month.")
+@click.option("--to", "end", default=None, help="Last UTC day, included; default: today.")
+@click.option("--tenant", default=None, help="One tenant only.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def usage(start: str | None, end: str | None, tenant: str | None, as_json: bool) -> None:
+    """The Tenants & usage numbers: events and units per tenant and meter, by status, for the
+    events that occurred (UTC days) in the period, as Stripe bills them."""
+    from ..read.tenants import USAGE_STATUSES, month_start, tenant_usage
+
+    now = _svc().clock()
+    first = _parse_day(start) or month_start(now)
+    last = _parse_day(end) or now.astimezone(UTC).date()
+    if last < first:
+        raise click.BadParameter(f"--to {last} is before --from {first}")
+    found = tenant_usage(_svc().engine, start=first, end=last, tenant_id=tenant,
+                         in_flight_apart=True)
+    statuses = (*USAGE_STATUSES, "processing")
+    rows = [{"tenant_id": r.tenant_id, "meter": r.meter,
+             **{f"{s}_{what}": getattr(r, field)[s] for s in statuses
+                for what, field in (("events", "events"), ("units", "quantity"))}}
+            for r in found.rows]
+    if as_json:
+        click.echo(json.dumps({"from": first.isoformat(), "to": last.isoformat(),
+                               "rows": rows}))
+        return
+    click.echo(f"usage that occurred {first} – {last} (UTC days): events / units")
+    click.echo("\t".join(["tenant", "meter", *statuses]))
+    for r in rows:
+        click.echo("\t".join([str(r["tenant_id"]), str(r["meter"]), *(
+            f"{r[f'{s}_events']}/{r[f'{s}_units']}" for s in statuses)]))
+
+
+COMMANDS: list[click.Command] = [tenants, usage]
