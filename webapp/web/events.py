@@ -95,8 +95,7 @@ def show(event_id: int) -> ResponseReturnValue:
                           meter=ev["meter"], message=ev["reject_message"])
               if ev["status"] == "rejected" else None)
     return render("events/show.html", d=detail, ev=ev, requeue=requeue,
-                  reasons=RESOLVE_REASONS, cancel=cancel.value, reject_reason=reason,
-                  stripe_mode=svc().settings.stripe_mode)
+                  reasons=RESOLVE_REASONS, cancel=cancel.value, reject_reason=reason)
 
 
 @bp.get("/events/<id:event_id>/cancel")

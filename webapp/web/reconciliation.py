@@ -32,8 +32,7 @@ def index() -> ResponseReturnValue:
     settings = svc().settings
     return render("reconciliation/index.html", page=page, pinned=run_id is not None,
                   settle=settings.reconcile_settle_seconds,
-                  interval=settings.reconcile_interval_seconds,
-                  stripe_mode=settings.stripe_mode)
+                  interval=settings.reconcile_interval_seconds)
 
 
 @bp.post("/reconciliation/run")

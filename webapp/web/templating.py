@@ -14,8 +14,6 @@ from markupsafe import Markup, escape
 
 from ..config import STRIPE_API_BASE_DEFAULT
 from ..db import reading
-from ..outbox.control import PauseState
-from ..read.counts import sending_state
 from ..read.health import Health, health
 from ..read.words import is_duplicate, outcome_words, state_words
 from ..users import MIN_PASSWORD, has_role
@@ -26,23 +24,21 @@ log = logging.getLogger(__name__)
 
 
 def chrome() -> dict[str, Any]:
-    """The layout's status strip: the state of sending (:mod:`webapp.read.health`), the
-    pause switch and Stripe mode (never the key)."""
+    """The layout's status strip: the state of sending (:mod:`webapp.read.health`, which
+    includes the pause switch) and Stripe mode (never the key)."""
     if "chrome" not in g:
         settings = svc().settings
         status: Health | None
-        sending: PauseState | None
         try:
             with reading(svc().engine) as conn:
-                sending = sending_state(conn)
                 status = health(conn, now=now(), api_key_here=settings.stripe_mode != "none")
         except Exception:  # noqa: BLE001 - the error page must render without a database
             log.warning("could not read the sending state", exc_info=True)
-            sending = status = None
+            status = None
         # Anything but Stripe's own API (a local fake, a proxy) is shown on every page, so a
         # demo or test setting never runs silently in production.
         api_base = settings.stripe_api_base
-        g.chrome = {"sending": sending, "health": status, "stripe_mode": settings.stripe_mode,
+        g.chrome = {"health": status, "stripe_mode": settings.stripe_mode,
                     "api_base": None if api_base == STRIPE_API_BASE_DEFAULT else api_base}
     return g.chrome  # type: ignore[no-any-return]
 

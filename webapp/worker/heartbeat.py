@@ -36,7 +36,6 @@ class Heartbeat:
         self.last_sent_at: datetime | None = None
         self._last_beat: float | None = None
         self._last_state: str | None = None
-        self._failing_since: float | None = None
 
     def sent(self) -> None:
         """An event just got through."""
