@@ -67,6 +67,25 @@ def _usage(engine: Any, start: date, end: date) -> Counter[tuple[str, str, str, 
     return out
 
 
+def _monthly_matches_daily(engine: Any) -> None:
+    from webapp.outbox.sql import SENT_MONTHLY, SENT_ROLLUP
+
+    with engine.connect() as conn:
+        daily: Counter[tuple[str, str, str]] = Counter()
+        for day, t, m, n, q in conn.execute(select(
+                SENT_ROLLUP.c.day, SENT_ROLLUP.c.tenant_id, SENT_ROLLUP.c.meter,
+                SENT_ROLLUP.c.events, SENT_ROLLUP.c.quantity)):
+            daily[(day[:7], t, m, "n")] += int(n)
+            daily[(day[:7], t, m, "q")] += int(q)
+        monthly: Counter[tuple[str, str, str]] = Counter()
+        for month, t, m, n, q in conn.execute(select(
+                SENT_MONTHLY.c.month, SENT_MONTHLY.c.tenant_id, SENT_MONTHLY.c.meter,
+                SENT_MONTHLY.c.events, SENT_MONTHLY.c.quantity)):
+            monthly[(month, t, m, "n")] += int(n)
+            monthly[(month, t, m, "q")] += int(q)
+    assert +daily == +monthly
+
+
 class World:
     """The random history one test run plays."""
 
@@ -137,12 +156,17 @@ class World:
         rows = _snapshot(self.engine)
         assert not rows.keys() & self.gone.keys(), "a pruned event's id was given again"
         periods = [(first, last)]
+        # whole months (read from the monthly rollup) with ragged days either side
+        a = min(first + timedelta(days=self.rng.randint(0, 40)), last)
+        periods += [(a.replace(day=1), last), (a, last), (a.replace(day=1),
+                    (a.replace(day=28) + timedelta(days=4)).replace(day=1) - timedelta(days=1))]
         for _ in range(3):
             a = first + timedelta(days=self.rng.randint(0, (last - first).days))
             b = a + timedelta(days=self.rng.randint(0, 60))
             periods.append((a, b))
         for a, b in periods:
             assert _usage(self.engine, a, b) == _expected(rows, self.gone, a, b), (a, b)
+        _monthly_matches_daily(self.engine)
 
 
 @pytest.mark.parametrize("run", range(6))
@@ -254,3 +278,36 @@ def test_a_pruned_events_id_is_never_given_again(engine, seed) -> None:
     assert new > max(ids)
     with engine.connect() as conn:
         assert conn.execute(select(func.max(A.c.id))).scalar_one() > (highest_call or 0)
+
+
+def test_split_months() -> None:
+    from webapp.read.tenants import split_months
+
+    d = date
+    assert split_months(d(2026, 1, 1), d(2026, 12, 31)) == (("2026-01", "2026-12"), [])
+    assert split_months(d(2026, 1, 15), d(2026, 3, 10)) == (
+        ("2026-02", "2026-02"), [(d(2026, 1, 15), d(2026, 1, 31)), (d(2026, 3, 1), d(2026, 3, 10))])
+    assert split_months(d(2026, 1, 15), d(2026, 1, 20)) == (None, [(d(2026, 1, 15),
+                                                                   d(2026, 1, 20))])
+    assert split_months(d(2025, 12, 31), d(2026, 2, 1)) == (
+        ("2026-01", "2026-01"),
+        [(d(2025, 12, 31), d(2025, 12, 31)), (d(2026, 2, 1), d(2026, 2, 1))])
+    assert split_months(d(2024, 2, 1), d(2024, 2, 29)) == (("2024-02", "2024-02"), [])
+
+
+def test_whole_months_read_the_monthly_rollup_and_agree_with_the_rows(engine, seed) -> None:
+    """Sent events on every day of three months, folded, then some cancelled: any period —
+    whole months, ragged ends, one day — gives what counting the rows gives."""
+    start = datetime(2026, 3, 1, 12, tzinfo=UTC)
+    ids = [seed.event(now=start + timedelta(days=i, hours=h), status="sent", quantity=i % 4 + h,
+                      tenant_id=("acme", "globex")[h % 2]) for i in range(92) for h in (0, 1)]
+    rollups.fold(engine, now=start + timedelta(days=100), margin=MARGIN)
+    record_cancelled(engine, ids[::7], actor="t", reason="duplicate", note="n",
+                     now=start + timedelta(days=100))
+    rows = _snapshot(engine)
+    d = date
+    for a, b in ((d(2026, 3, 1), d(2026, 5, 31)), (d(2026, 3, 15), d(2026, 5, 2)),
+                 (d(2026, 4, 1), d(2026, 4, 30)), (d(2026, 4, 15), d(2026, 4, 15)),
+                 (d(2026, 2, 27), d(2026, 6, 3))):
+        assert _usage(engine, a, b) == _expected(rows, {}, a, b), (a, b)
+    _monthly_matches_daily(engine)

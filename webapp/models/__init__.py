@@ -16,6 +16,7 @@ from .outbox import (
     OutboxEvent,
     PrunedUsageRollup,
     RollupState,
+    SentUsageMonthly,
     SentUsageRollup,
     Tenant,
 )
@@ -34,7 +35,8 @@ __all__ = [
     "Base", "BigID", "Control", "DeliveryAttempt", "DrainerHeartbeat", "LoginThrottle",
     "OutboxEvent",
     "PrunedUsageRollup", "ReconciliationMismatch",
-    "ReconciliationRun", "RollupState", "SentUsageRollup", "StripeErrorSample", "StripeEvent",
+    "ReconciliationRun", "RollupState", "SentUsageMonthly", "SentUsageRollup",
+    "StripeErrorSample", "StripeEvent",
     "StripeMeter", "SyncState", "TEXT_LIMIT", "Tenant", "UTCDateTime", "User", "clean", "fit",
     "fit_json_list", "fit_key", "fits", "limit_of", "utcnow",
 ]

@@ -238,6 +238,20 @@ class SentUsageRollup(Base):
     quantity: Mapped[int] = mapped_column(BigInteger, default=0)
 
 
+class SentUsageMonthly(Base):
+    """The sent-usage rollup again by UTC month of occurrence (``YYYY-MM``), written in the
+    same transactions as ``usage_sent_rollup`` (migration 0010): a year's usage reads twelve
+    months per tenant and meter instead of 365 days."""
+
+    __tablename__ = "usage_sent_monthly"
+
+    month: Mapped[str] = mapped_column(String(7), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(100), primary_key=True)
+    meter: Mapped[str] = mapped_column(String(100), primary_key=True)
+    events: Mapped[int] = mapped_column(BigInteger, default=0)
+    quantity: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
 class PrunedUsageRollup(Base):
     """What pruned events counted (migration 0010), by UTC day of occurrence, tenant, meter and
     status: written by ``webapp.outbox.retention.prune`` in the transaction that deletes the

@@ -33,6 +33,7 @@ from .sql import (
     EPOCH,
     PRUNED_ROLLUP,
     ROLLUP_STATE,
+    SENT_MONTHLY,
     SENT_ROLLUP,
     T,
     as_utc,
@@ -137,21 +138,20 @@ def rebuild(engine: Engine, *, now: datetime, margin: timedelta) -> None:
     """Empty the rollups and fold everything again."""
     with engine.begin() as conn:
         conn.execute(delete(SENT_ROLLUP))
+        conn.execute(delete(SENT_MONTHLY))
         conn.execute(delete(ATTEMPT_ROLLUP))
         conn.execute(sa_update(ROLLUP_STATE).where(ROLLUP_STATE.c.name.in_(ROLLUPS))
                      .values(watermark=EPOCH, id_mark=0, events=0, quantity=0))
         # Pruned sent events have no rows left to fold: their counts come back from the
         # pruned-usage rollup (webapp.outbox.retention).
-        pruned = select(PRUNED_ROLLUP.c.day, PRUNED_ROLLUP.c.tenant_id, PRUNED_ROLLUP.c.meter,
-                        PRUNED_ROLLUP.c.events, PRUNED_ROLLUP.c.quantity).where(
-            PRUNED_ROLLUP.c.status == "sent")
-        conn.execute(SENT_ROLLUP.insert().from_select(
-            ["day", "tenant_id", "meter", "events", "quantity"], pruned))
-        sub = pruned.subquery()
-        events, quantity = conn.execute(select(int_sum(sub.c.events),
-                                               int_sum(sub.c.quantity))).one()
+        pruned = [(str(d), t, m, int(n), int(q)) for d, t, m, n, q in conn.execute(
+            select(PRUNED_ROLLUP.c.day, PRUNED_ROLLUP.c.tenant_id, PRUNED_ROLLUP.c.meter,
+                   PRUNED_ROLLUP.c.events, PRUNED_ROLLUP.c.quantity)
+            .where(PRUNED_ROLLUP.c.status == "sent"))]
+        add_sent(conn, pruned)
         conn.execute(sa_update(ROLLUP_STATE).where(ROLLUP_STATE.c.name == SENT_USAGE)
-                     .values(events=int(events), quantity=int(quantity)))
+                     .values(events=sum(g[3] for g in pruned),
+                             quantity=sum(g[4] for g in pruned)))
     fold(engine, now=now, margin=margin)
 
 
@@ -180,17 +180,34 @@ def _fold_sent(conn: Connection, mark: Mark, high: datetime) -> None:
         select(inner.c.day, inner.c.tenant_id, inner.c.meter, func.count().label("events"),
                int_sum(inner.c.quantity).label("quantity"))
         .group_by(inner.c.day, inner.c.tenant_id, inner.c.meter)).all()
-    if groups:
-        ins = insert_for(conn, SENT_ROLLUP)
-        conn.execute(ins.on_conflict_do_update(
-            index_elements=[SENT_ROLLUP.c.day, SENT_ROLLUP.c.tenant_id, SENT_ROLLUP.c.meter],
-            set_={"events": SENT_ROLLUP.c.events + ins.excluded.events,
-                  "quantity": SENT_ROLLUP.c.quantity + ins.excluded.quantity}),
-            [dict(g._mapping) for g in groups])
+    add_sent(conn, [(str(g.day), g.tenant_id, g.meter, int(g.events), int(g.quantity))
+                    for g in groups])
     conn.execute(sa_update(ROLLUP_STATE).where(ROLLUP_STATE.c.name == SENT_USAGE).values(
         watermark=high, id_mark=last_id,
         events=ROLLUP_STATE.c.events + sum(int(g.events) for g in groups),
         quantity=ROLLUP_STATE.c.quantity + sum(int(g.quantity) for g in groups)))
+
+
+def add_sent(conn: Connection, groups: Sequence[tuple[str, str, str, int, int]]) -> None:
+    """Add (day, tenant, meter, events, units) to the daily sent rollup and its monthly
+    twin, in the caller's transaction; negative numbers take away."""
+    if not groups:
+        return
+    months: dict[tuple[str, str, str], list[int]] = {}
+    for day, tenant, meter, events, quantity in groups:
+        m = months.setdefault((day[:7], tenant, meter), [0, 0])
+        m[0] += events
+        m[1] += quantity
+    for table, key, rows in (
+            (SENT_ROLLUP, "day", [dict(day=d, tenant_id=t, meter=m, events=n, quantity=q)
+                                  for d, t, m, n, q in groups]),
+            (SENT_MONTHLY, "month", [dict(month=k[0], tenant_id=k[1], meter=k[2], events=v[0],
+                                          quantity=v[1]) for k, v in sorted(months.items())])):
+        ins = insert_for(conn, table)
+        conn.execute(ins.on_conflict_do_update(
+            index_elements=[table.c[key], table.c.tenant_id, table.c.meter],
+            set_={"events": table.c.events + ins.excluded.events,
+                  "quantity": table.c.quantity + ins.excluded.quantity}), rows)
 
 
 def _fold_attempts(conn: Connection, mark: Mark, high: datetime) -> None:
@@ -244,11 +261,8 @@ def unfold_sent(conn: Connection, mark: Mark, rows: Sequence[Any]) -> int:
         counts = groups.setdefault((day, r.tenant_id, r.meter), [0, 0])
         counts[0] += 1
         counts[1] += int(r.quantity)
-    for (day, tenant, meter), (events, quantity) in groups.items():
-        conn.execute(sa_update(SENT_ROLLUP).where(
-            SENT_ROLLUP.c.day == day, SENT_ROLLUP.c.tenant_id == tenant,
-            SENT_ROLLUP.c.meter == meter).values(events=SENT_ROLLUP.c.events - events,
-                                                 quantity=SENT_ROLLUP.c.quantity - quantity))
+    add_sent(conn, [(day, tenant, meter, -events, -quantity)
+                    for (day, tenant, meter), (events, quantity) in sorted(groups.items())])
     conn.execute(sa_update(ROLLUP_STATE).where(ROLLUP_STATE.c.name == SENT_USAGE).values(
         events=ROLLUP_STATE.c.events - len(folded),
         quantity=ROLLUP_STATE.c.quantity - sum(int(r.quantity) for r in folded)))

@@ -51,6 +51,7 @@ from ..models import (
     ReconciliationMismatch,
     ReconciliationRun,
     RollupState,
+    SentUsageMonthly,
     SentUsageRollup,
     StripeErrorSample,
     StripeEvent,
@@ -74,6 +75,7 @@ CONTROL = cast(Table, Control.__table__)
 HEARTBEATS = cast(Table, DrainerHeartbeat.__table__)
 ROLLUP_STATE = cast(Table, RollupState.__table__)
 SENT_ROLLUP = cast(Table, SentUsageRollup.__table__)
+SENT_MONTHLY = cast(Table, SentUsageMonthly.__table__)
 PRUNED_ROLLUP = cast(Table, PrunedUsageRollup.__table__)
 ATTEMPT_ROLLUP = cast(Table, AttemptRollup.__table__)
 STRIPE_METERS = cast(Table, StripeMeter.__table__)

@@ -15,6 +15,7 @@ from ..outbox.rollups import SENT_USAGE, Mark, live_sent, read_mark
 from ..outbox.sql import (
     IDLE_UNSENT,
     IN_FLIGHT,
+    SENT_MONTHLY,
     SENT_ROLLUP,
     TENANTS,
     T,
@@ -134,21 +135,52 @@ def usage_in(conn: Connection, *, start: date, end: date,
 
 def _sent_usage(mark: Mark, lo: datetime, hi: datetime, start: date, end: date,
                 tenant_id: str | None) -> Any:
-    """Folded days plus the rows not folded yet."""
-    folded = select(SENT_ROLLUP.c.tenant_id, SENT_ROLLUP.c.meter,
-                    SENT_ROLLUP.c.events.label("events"),
-                    SENT_ROLLUP.c.quantity.label("quantity")).where(
-        SENT_ROLLUP.c.day >= start.isoformat(), SENT_ROLLUP.c.day <= end.isoformat())
+    """Folded usage (whole months from the monthly rollup, the days around them from the
+    daily one) plus the rows not folded yet."""
+    months, days = split_months(start, end)
+    parts: list[Any] = []
+    if months is not None:
+        parts.append(select(SENT_MONTHLY.c.tenant_id, SENT_MONTHLY.c.meter,
+                            SENT_MONTHLY.c.events.label("events"),
+                            SENT_MONTHLY.c.quantity.label("quantity")).where(
+            SENT_MONTHLY.c.month >= months[0], SENT_MONTHLY.c.month <= months[1]))
+    for first, last in days:
+        parts.append(select(SENT_ROLLUP.c.tenant_id, SENT_ROLLUP.c.meter,
+                            SENT_ROLLUP.c.events.label("events"),
+                            SENT_ROLLUP.c.quantity.label("quantity")).where(
+            SENT_ROLLUP.c.day >= first.isoformat(), SENT_ROLLUP.c.day <= last.isoformat()))
     live = select(T.c.tenant_id, T.c.meter, literal_column("1").label("events"),
                   T.c.quantity.label("quantity")).where(
         live_sent(mark), T.c.occurred_at >= lo, T.c.occurred_at < hi)
     if tenant_id is not None:
-        folded = folded.where(SENT_ROLLUP.c.tenant_id == tenant_id)
+        parts = [p.where(p.selected_columns.tenant_id == tenant_id) for p in parts]
         live = live.where(T.c.tenant_id == tenant_id)
-    both = union_all(folded, live).subquery()
+    both = union_all(*parts, live).subquery()
     return (select(both.c.tenant_id, both.c.meter, int_sum(both.c.events),
                    int_sum(both.c.quantity))
             .group_by(both.c.tenant_id, both.c.meter))
+
+
+def split_months(start: date, end: date) -> tuple[tuple[str, str] | None,
+                                                  list[tuple[date, date]]]:
+    """Days ``start``…``end`` as the whole months among them (first and last ``YYYY-MM``,
+    or None) and the stretches of days before and after them (inclusive pairs)."""
+    first = start if start.day == 1 else _next_month(start)
+    after = end + timedelta(days=1)
+    stop = after if after.day == 1 else after.replace(day=1)   # first day past the months
+    if first >= stop:
+        return None, [(start, end)]
+    days = []
+    if start < first:
+        days.append((start, first - timedelta(days=1)))
+    if stop <= end:
+        days.append((stop, end))
+    last = stop - timedelta(days=1)
+    return (first.isoformat()[:7], last.isoformat()[:7]), days
+
+
+def _next_month(d: date) -> date:
+    return (d.replace(day=28) + timedelta(days=4)).replace(day=1)
 
 
 def tenants_list(conn: Connection) -> list[dict[str, Any]]:
