@@ -44,7 +44,7 @@ class CustomersMixin:
         if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= 100:
             return invalid("This value must be between 1 and 100.", param="limit")
         limit = min(int(raw_limit), self.page_cap)
-        after = (q.get("starting_after") or [None])[0]
+        after = q["starting_after"][0] if q.get("starting_after") else None
         with self._lock:
             self.customer_list_calls += 1
             customers = list(self._stripe_customers.values())

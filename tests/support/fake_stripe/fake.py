@@ -40,8 +40,8 @@ one ``v1.billing.meter.error_report_triggered`` event per meter with at most
 Run as a process (``python -m tests.support.fake_stripe --port 12111``) it prints
 ``READY http://127.0.0.1:PORT`` and serves until SIGTERM; the ``/_fake/`` control endpoints
 (``GET state``; ``POST faults``, ``fail_next``, ``latency``, ``reset``, ``meters``,
-``auth_failure``, ``stripe_customers``, each taking a JSON object) let another process drive it. They need no auth,
-are served in-process too, and are not counted as calls.
+``auth_failure``, ``stripe_customers``, each taking a JSON object) let another process
+drive it. They need no auth, are served in-process too, and are not counted as calls.
 
 A call counts as in flight for its lane from right after its body is parsed until just before
 its response is written; the latency and ``slow`` sleeps happen while in flight.
