@@ -298,7 +298,14 @@ def _check(page: Any, site: Site, mode: str, p: Page) -> list[str]:
     if resp is None or resp.status != p.status:
         problems.append(f"HTTP {resp.status if resp else 'none'}, expected {p.status}")
     page.wait_for_selector(p.wait_for, state="attached")
-    page.screenshot(path=str(SHOTS / mode / f"{p.name}.png"), full_page=True)
+    return [f"{mode} {p.name} ({path}): {x}" for x in problems] + _inspect(page, mode, p.name,
+                                                                           path)
+
+
+def _inspect(page: Any, mode: str, name: str, path: str) -> list[str]:
+    """Screenshot the page shown, and return what is wrong with it (width, axe, keyboard)."""
+    problems = []
+    page.screenshot(path=str(SHOTS / mode / f"{name}.png"), full_page=True)
     if mode == "phone":
         # Measured against the phone's width, not window.innerWidth: a mobile browser widens
         # its layout viewport to fit content that overflows (and zooms out).
@@ -318,7 +325,7 @@ def _check(page: Any, site: Site, mode: str, p: Page) -> list[str]:
     if found:
         problems.append("axe-core:")
     problems += _keyboard(page, tabs=KEYBOARD_TABS if mode == "light" else 1)
-    return [f"{mode} {p.name} ({path}): {x}" for x in problems] + found
+    return [f"{mode} {name} ({path}): {x}" for x in problems] + found
 
 
 @pytest.mark.parametrize("mode", list(MODES))
@@ -336,6 +343,42 @@ def test_every_page_is_accessible_and_fits(site: Site, chromium: Any, mode: str)
         assert page.url.rstrip("/") == site.base, page.url
         for p in PAGES:
             problems += _check(page, site, mode, p)
+    finally:
+        context.close()
+    assert not problems, "\n" + "\n".join(problems)
+
+
+#: Shown by POSTs from the mappings page (a file, or Stripe's customers): what is previewed.
+MAPPINGS_FILES = {
+    "mappings-import-preview": ("tenant_id,stripe_customer_id,name\n"
+                                "acme,cus_acmeNew,Acme Holdings (North America)\n"
+                                "newco,cus_newco,New Co\nglobex,cus_globex,\n"),
+    "mappings-import-bad-lines": ("tenant_id,stripe_customer_id\nnewco,acct_1\n"
+                                  ",cus_nobody\n"),
+}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_the_mappings_previews_are_accessible_and_fit(site: Site, chromium: Any, mode: str,
+                                                      tmp_path: Path) -> None:
+    """The previews are answers to a posted form, not GET pages: each is reached by
+    uploading a file on the mappings page, as an admin would (nothing is applied)."""
+    (SHOTS / mode).mkdir(parents=True, exist_ok=True)
+    context = chromium.new_context(base_url=site.base, bypass_csp=True, **MODES[mode])
+    context.set_default_timeout(10_000)
+    problems: list[str] = []
+    try:
+        page = context.new_page()
+        _login(page)
+        for name, text in MAPPINGS_FILES.items():
+            path = tmp_path / f"{name}.csv"
+            path.write_text(text)
+            page.goto("/mappings")
+            page.set_input_files("#mappings-bulk input[type=file]", str(path))
+            with page.expect_navigation():
+                page.get_by_role("button", name="Preview the file").click()
+            page.wait_for_selector("#mappings-preview")
+            problems += _inspect(page, mode, name, "POST /mappings/import")
     finally:
         context.close()
     assert not problems, "\n" + "\n".join(problems)

@@ -6,11 +6,17 @@ empty tenant id, a customer id that is not ``cus_…``, one tenant given two cus
 the whole file with one message per bad line, nothing changed. Otherwise the changes are
 written in one transaction, with one audit entry that counts them. Lines already true are
 counted as unchanged and not written. An empty ``name`` keeps the name a tenant has.
+
+The planning and writing (:func:`plan`, :func:`apply_mappings`, :func:`fingerprint`) serve
+every way of mapping many tenants: this file, Stripe's customers (``tenant_sync``) and the
+mappings page's previews.
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
+import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -52,6 +58,8 @@ class ImportPlan:
     unchanged: int = 0
     problems: list[str] = field(default_factory=list)
     bad_lines: int = 0
+    #: For each changed tenant, its (customer, name) before the change.
+    before: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)
 
     def summary(self) -> str:
         return (f"{len(self.added)} added, {len(self.changed)} changed, "
@@ -97,7 +105,7 @@ def read_file(lines: Iterable[str]) -> tuple[list[Mapping], ImportPlan]:
             tenant = row[at["tenant_id"]].strip()
             customer = row[at["stripe_customer_id"]].strip()
             name = row[at["name"]].strip() if "name" in at else ""
-            why = _refused(tenant, customer)
+            why = refused(tenant, customer)
             if why:
                 bad(number, why)
                 continue
@@ -115,7 +123,8 @@ def read_file(lines: Iterable[str]) -> tuple[list[Mapping], ImportPlan]:
     return rows, out
 
 
-def _refused(tenant: str, customer: str) -> str | None:
+def refused(tenant: str, customer: str) -> str | None:
+    """Why this tenant id or customer id cannot be mapped, or None."""
     if not tenant:
         return "the tenant id is empty"
     if len(tenant) > 100 or not tenant.isprintable():
@@ -129,7 +138,8 @@ def _refused(tenant: str, customer: str) -> str | None:
 
 
 def plan(conn: Connection, rows: list[Mapping], out: ImportPlan) -> ImportPlan:
-    """Sort ``rows`` into added, changed and unchanged against the tenants there are."""
+    """Sort ``rows`` into added, changed (keeping what each changed tenant has now, in
+    ``out.before``) and unchanged against the tenants there are."""
     for i in range(0, len(rows), BATCH):
         chunk = rows[i:i + BATCH]
         have = {r.tenant_id: r for r in conn.execute(
@@ -142,8 +152,77 @@ def plan(conn: Connection, rows: list[Mapping], out: ImportPlan) -> ImportPlan:
             elif now_.stripe_customer_id != m.stripe_customer_id or (
                     m.name is not None and now_.name != m.name):
                 out.changed.append(m)
+                out.before[m.tenant_id] = (now_.stripe_customer_id, now_.name)
             else:
                 out.unchanged += 1
+    return out
+
+
+def fingerprint(out: ImportPlan) -> str:
+    """A digest of exactly what ``out`` would change, old values included: a preview's plan
+    and the plan at apply time have the same fingerprint only if applying changes the same
+    tenants from the same values to the same values."""
+    content = [sorted((m.tenant_id, m.stripe_customer_id, m.name) for m in out.added),
+               sorted((m.tenant_id, m.stripe_customer_id, m.name, *out.before[m.tenant_id])
+                      for m in out.changed),
+               out.unchanged]
+    return hashlib.sha256(json.dumps(content).encode()).hexdigest()
+
+
+def write_plan(conn: Connection, out: ImportPlan, *, now: datetime) -> None:
+    """Write a plan's added and changed tenants in the caller's transaction (batched)."""
+    for i in range(0, len(out.added), BATCH):
+        conn.execute(insert(TENANTS), [
+            {"tenant_id": m.tenant_id, "stripe_customer_id": m.stripe_customer_id,
+             "name": m.name, "created_at": now, "updated_at": now}
+            for m in out.added[i:i + BATCH]])
+    update = (sa_update(TENANTS).where(TENANTS.c.tenant_id == bindparam("t"))
+              .values(stripe_customer_id=bindparam("c"), updated_at=now))
+    named = update.values(name=bindparam("n"))
+    for i in range(0, len(out.changed), BATCH):
+        chunk = out.changed[i:i + BATCH]
+        with_name = [{"t": m.tenant_id, "c": m.stripe_customer_id, "n": m.name}
+                     for m in chunk if m.name is not None]
+        without = [{"t": m.tenant_id, "c": m.stripe_customer_id}
+                   for m in chunk if m.name is None]
+        if with_name:
+            conn.execute(named, with_name)
+        if without:
+            conn.execute(update, without)
+
+
+class StalePreview(OperationError):
+    """The mappings changed since the preview: nothing applied; ``plan`` is a fresh one."""
+
+    def __init__(self, fresh: ImportPlan) -> None:
+        super().__init__("the mappings changed since this preview was made; nothing was "
+                         "changed. Here is a fresh preview.")
+        self.plan = fresh
+
+
+def apply_mappings(engine: Engine, rows: list[Mapping], out: ImportPlan, *, now: datetime,
+                   actor: str, action: str, note: str, dry_run: bool = False,
+                   expected: str | None = None) -> ImportPlan:
+    """Plan ``rows`` and (unless ``dry_run``) write the plan in one transaction with one
+    audit entry (``action``, ``note`` then the counts); nothing is written or audited when
+    there is nothing to change. With ``expected`` (a preview's :func:`fingerprint`), a plan
+    that differs from the preview's raises :class:`StalePreview` and writes nothing.
+    Raises :class:`OperationError` when someone mapped one of the new tenants meanwhile."""
+    try:
+        with engine.begin() as conn:
+            plan(conn, rows, out)
+            if expected is not None and fingerprint(out) != expected:
+                raise StalePreview(out)
+            if dry_run or not (out.added or out.changed):
+                return out
+            write_plan(conn, out, now=now)
+            write_audit(conn, actor=actor, action=action, now=now,
+                        note=f"{note}: {out.summary()}")
+    except IntegrityError:
+        # Someone mapped one of these new tenants between the read and the write: the whole
+        # set was rolled back; the next run sees that tenant and counts it as it should.
+        raise OperationError("a tenant was mapped by someone else meanwhile; nothing was "
+                             "changed, try again") from None
     return out
 
 
@@ -154,39 +233,5 @@ def import_mappings(engine: Engine, lines: Iterable[str], *, now: datetime, acto
     rows, out = read_file(lines)
     if out.bad_lines:
         return out
-    try:
-        return _apply(engine, rows, out, now=now, actor=actor, source=source, dry_run=dry_run)
-    except IntegrityError:
-        # Someone mapped one of these new tenants between the read and the write: the whole
-        # file was rolled back; the next run sees that tenant and counts it as it should.
-        raise OperationError("a tenant in the file was mapped by someone else meanwhile; "
-                             "nothing was changed, run the import again") from None
-
-
-def _apply(engine: Engine, rows: list[Mapping], out: ImportPlan, *, now: datetime,
-           actor: str, source: str, dry_run: bool) -> ImportPlan:
-    with engine.begin() as conn:
-        plan(conn, rows, out)
-        if dry_run or not (out.added or out.changed):
-            return out
-        for i in range(0, len(out.added), BATCH):
-            conn.execute(insert(TENANTS), [
-                {"tenant_id": m.tenant_id, "stripe_customer_id": m.stripe_customer_id,
-                 "name": m.name, "created_at": now, "updated_at": now}
-                for m in out.added[i:i + BATCH]])
-        update = (sa_update(TENANTS).where(TENANTS.c.tenant_id == bindparam("t"))
-                  .values(stripe_customer_id=bindparam("c"), updated_at=now))
-        named = update.values(name=bindparam("n"))
-        for i in range(0, len(out.changed), BATCH):
-            chunk = out.changed[i:i + BATCH]
-            with_name = [{"t": m.tenant_id, "c": m.stripe_customer_id, "n": m.name}
-                         for m in chunk if m.name is not None]
-            without = [{"t": m.tenant_id, "c": m.stripe_customer_id}
-                       for m in chunk if m.name is None]
-            if with_name:
-                conn.execute(named, with_name)
-            if without:
-                conn.execute(update, without)
-        write_audit(conn, actor=actor, action="tenants_import", now=now,
-                    note=f"{source}: {out.summary()}")
-    return out
+    return apply_mappings(engine, rows, out, now=now, actor=actor, action="tenants_import",
+                          note=source, dry_run=dry_run)

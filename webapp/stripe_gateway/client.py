@@ -1,12 +1,12 @@
 """Our verbs in, plain data and classified outcomes out: send a meter event; list meters;
-list and read Stripe's events (API v2); verify a pushed event notification; read meter event
-summaries; cancel a meter event. Only this package imports ``stripe``."""
+list customers; list and read Stripe's events (API v2); verify a pushed event notification;
+read meter event summaries; cancel a meter event. Only this package imports ``stripe``."""
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NamedTuple, Protocol
@@ -17,6 +17,7 @@ import stripe
 from ..outbox.meters import DEFAULT_CUSTOMER_KEY, DEFAULT_VALUE_KEY, MeterInfo
 from ..outbox.rejections import ErrorSample, StripeReport
 from ..outbox.states import CallResult, Outcome
+from ..outbox.tenant_sync import StripeCustomer
 from .errors import classify_error
 from .http import Urllib3Client
 
@@ -136,6 +137,38 @@ class StripeGateway:
             return [_meter(m.to_dict()) for m in page.auto_paging_iter()]
         except stripe.StripeError as exc:
             raise StripeCallFailed("listing meters", classify_error(exc)) from exc
+
+    # -- customers ------------------------------------------------------------------------
+    def list_customers(self, metadata_key: str, *, page_size: int = 100,
+                       pace: Callable[[], object] | None = None) -> list[StripeCustomer]:
+        """Every customer of the account (``GET /v1/customers``, page after page with
+        ``starting_after`` while ``has_more``), with the value its metadata holds under
+        ``metadata_key`` (None without one); deleted customers are left out. ``pace`` is
+        called before each page (the process's ceiling on calls per second)."""
+        found: list[StripeCustomer] = []
+        params: dict[str, Any] = {"limit": page_size}
+        what = "listing customers"
+        try:
+            while True:
+                if pace is not None:
+                    pace()
+                page = self._client.v1.customers.list(params=params)  # type: ignore[arg-type]
+                items = [c.to_dict() for c in page.data]
+                for c in items:
+                    if c.get("deleted"):
+                        continue
+                    value = (c.get("metadata") or {}).get(metadata_key)
+                    found.append(StripeCustomer(str(c["id"]), _text(c.get("name")),
+                                                _text(value)))
+                if not page.has_more or not items:
+                    return found
+                params = {"limit": page_size, "starting_after": str(items[-1]["id"])}
+        except stripe.StripeError as exc:
+            raise StripeCallFailed(what, classify_error(exc)) from exc
+        except (AttributeError, KeyError, TypeError) as exc:
+            raise StripeCallFailed(what, CallResult(
+                Outcome.PERMANENT, error_class="MalformedAnswer",
+                message=f"a page could not be read: {exc}")) from exc
 
     # -- events ---------------------------------------------------------------------------
     def list_events(self, types: tuple[str, ...], *, created_gte: datetime | None

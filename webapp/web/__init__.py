@@ -21,6 +21,7 @@ def register_blueprints(app: Flask) -> None:
         errors,
         events,
         health,
+        mappings_bulk,
         metrics,
         params,
         reconciliation,
@@ -39,6 +40,6 @@ def register_blueprints(app: Flask) -> None:
     templating.init_app(app)
     errors.init_app(app)
     for module in (health, metrics, webhook, auth, dashboard, tenants, dead_letters, rejected,
-                   events, search, reconciliation, stripe_side, audit, users):
+                   events, search, reconciliation, stripe_side, audit, users, mappings_bulk):
         app.register_blueprint(module.bp)
     app.register_blueprint(auth.account_bp)

@@ -1,6 +1,6 @@
-"""The commands about tenants and their usage: ``tenants set|import|list`` (the mapping to
-Stripe customers, one or many at once) and ``usage`` (the Tenants & usage numbers for
-scripts). Thin, like the others: parse, call one function, print."""
+"""The commands about tenants and their usage: ``tenants set|import|sync-from-stripe|list``
+(the mapping to Stripe customers, one or many at once) and ``usage`` (the Tenants & usage
+numbers for scripts). Thin, like the others: parse, call one function, print."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import click
 from flask import current_app
 
 from ..services import Services, services_of
+from ..stripe_gateway import StripeCallFailed
 from .cli import actor
 
 
@@ -63,6 +64,49 @@ def tenants_import(file: str, dry_run: bool) -> None:
         raise SystemExit(1)
     click.echo(("dry run, nothing written: would be " if dry_run else "")
                + result.summary())
+
+
+@tenants.command("sync-from-stripe")
+@click.option("--metadata-key", required=True, metavar="KEY",
+              help="The key of the Stripe customers' metadata that holds the tenant id.")
+@click.option("--dry-run", is_flag=True, help="Read Stripe and count the changes; write "
+              "nothing.")
+def tenants_sync(metadata_key: str, dry_run: bool) -> None:
+    """Map each tenant named in a Stripe customer's metadata (under KEY) to that customer;
+    the customer's name, when it has one, becomes the tenant's. A tenant mapped to another
+    customer is changed, as the import does. Nothing is guessed: a tenant named by two or
+    more customers (a conflict) is left as it is, and a value that cannot be a tenant id is
+    skipped; each is reported on a line of its own, the other mappings are applied all the
+    same (one transaction, audited once), and the exit status is then 1. Tenants no
+    customer names are left as they are."""
+    from ..outbox.tenant_sync import key_problem, sync_mappings
+    from ..worker import stripe_customers
+    from .cli_stripe import StripeUnreachable, _gateway
+
+    problem = key_problem(metadata_key)
+    if problem:
+        raise click.BadParameter(problem, param_hint="--metadata-key")
+    svc = _svc()
+    try:
+        customers = stripe_customers(
+            _gateway(), metadata_key,
+            max_requests_per_second=svc.settings.stripe_max_requests_per_second)
+    except StripeCallFailed as exc:
+        raise StripeUnreachable(f"{exc}; nothing was changed") from exc
+    named, done = sync_mappings(svc.engine, customers, key=metadata_key, now=svc.clock(),
+                                actor=actor(), dry_run=dry_run)
+    click.echo(f"{named.customers} Stripe customers, {named.named} naming a tenant under "
+               f"{metadata_key!r}")
+    click.echo(("dry run, nothing written: would be " if dry_run else "") + done.summary())
+    if named.reported:
+        for line in named.problems:
+            click.echo(line, err=True)
+        more = named.reported - len(named.problems)
+        click.echo((f"(and {more} more) " if more else "")
+                   + f"{named.conflicts} conflicts, {named.invalid} invalid entries: those "
+                   "tenants were not changed"
+                   + ("" if dry_run else "; every other mapping was applied"), err=True)
+        raise SystemExit(1)
 
 
 @tenants.command("list")

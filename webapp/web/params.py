@@ -301,6 +301,30 @@ class Flag(Field[bool]):
         return True
 
 
+class Upload(Field[tuple[str, str] | None]):
+    """A file of a multipart form: (its file name, its text), UTF-8 (a BOM dropped), at most
+    ``max_bytes``; None when no file was chosen."""
+
+    def __init__(self, name: str, max_bytes: int) -> None:
+        super().__init__(name, source="form", default=None)
+        self.max_bytes = max_bytes
+
+    def parse(self) -> tuple[str, str] | None:
+        file = request.files.get(self.name)
+        if file is None or not file.filename:
+            return None
+        data = file.stream.read(self.max_bytes + 1)
+        if len(data) > self.max_bytes:
+            raise self.refuse(f"is a file larger than {self.max_bytes // 1024:,} KB")
+        try:
+            text = data.decode("utf-8-sig")
+        except UnicodeDecodeError:
+            raise self.refuse("is not UTF-8 text; save it as CSV UTF-8 and try again") from None
+        if "\x00" in text:
+            raise self.refuse("contains a NUL character: it is not a CSV file")
+        return self.clean(file.filename, max_len=255), text
+
+
 def accepts(*fields: Field[Any]) -> Callable[[F], F]:
     """Decorate a view (below ``require_role``): parse ``fields`` before it runs — 400 naming
     the first bad one — for :meth:`Field.get`; ``view.accepts`` lists them."""

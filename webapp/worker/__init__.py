@@ -9,6 +9,7 @@ What the rest of the product may use (``webapp.web`` imports nothing deeper):
 - :class:`MeterRefresher`, :class:`EventPoller` (with :func:`store_report`),
   :func:`reconcile` and :class:`Reconciler`, :func:`cancel_events` — the exchanges with
   Stripe after its 200 (meters, error reports, reconciliation, cancel);
+- :func:`stripe_customers` — Stripe's customers for the tenant sync;
 - :func:`freeze_startup_objects` — the ``worker`` command's garbage-collector tweak;
   :func:`gateway_from` — the Stripe gateway the settings describe.
 
@@ -18,6 +19,7 @@ one call per lane), ``lanes/`` (one module per backend), ``shards``, ``throttle`
 """
 
 from .cancelling import CancelOutcome, cancel_events
+from .customers import stripe_customers
 from .drainer import Drainer, DrainSummary
 from .folder import RollupFolder
 from .maintenance import Maintenance, Scheduled, services_for
@@ -33,4 +35,4 @@ __all__ = ["RECONCILE_LEASE_SECONDS", "CancelOutcome", "DrainSummary", "Drainer"
            "EventPoller", "Maintenance",
            "MeterRefresher", "PollSummary", "Reconciler", "Rescuer", "RollupFolder",
            "Scheduled", "cancel_events", "freeze_startup_objects", "gateway_from", "reconcile",
-           "services_for", "store_report"]
+           "services_for", "store_report", "stripe_customers"]

@@ -1,5 +1,6 @@
 """A loopback HTTP fake of Stripe's billing API, standard library only: meter events,
-meters, meter event summaries and adjustments, and the v2 events that report errors found
+meters, meter event summaries and adjustments, customers (``customers``: listed with their
+metadata, for the tenant sync), and the v2 events that report errors found
 after a 200 (listed, read in full, or pushed signed to an event destination).
 
 The real ``stripe`` SDK is pointed at it (``base_addresses={"api": fake.base_url, ...}``) and
@@ -39,8 +40,8 @@ one ``v1.billing.meter.error_report_triggered`` event per meter with at most
 Run as a process (``python -m tests.support.fake_stripe --port 12111``) it prints
 ``READY http://127.0.0.1:PORT`` and serves until SIGTERM; the ``/_fake/`` control endpoints
 (``GET state``; ``POST faults``, ``fail_next``, ``latency``, ``reset``, ``meters``,
-``auth_failure``, each taking a JSON object) let another process drive it. They need no auth,
-are served in-process too, and are not counted as calls.
+``auth_failure``, ``stripe_customers``, each taking a JSON object) let another process
+drive it. They need no auth, are served in-process too, and are not counted as calls.
 
 A call counts as in flight for its lane from right after its body is parsed until just before
 its response is written; the latency and ``slow`` sleeps happen while in flight.
@@ -64,6 +65,7 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from .billing import BillingMixin, Usage
+from .customers import CustomersMixin
 from .faults import Fault, FaultsMixin, RandomFaults
 from .http import Response, Server, error, to_json
 from .meter_events import AcceptedEvent, AsyncError, FakeMeter, IdemRecord, MeterEventsMixin
@@ -86,7 +88,7 @@ class Poison:
     message: str | None = None
 
 
-class FakeStripe(FaultsMixin, MeterEventsMixin, BillingMixin, ReportsMixin):
+class FakeStripe(FaultsMixin, MeterEventsMixin, BillingMixin, CustomersMixin, ReportsMixin):
     """A fake of Stripe's billing API on a loopback port. Thread-safe.
 
     Use it as a context manager, or call :meth:`start` and :meth:`stop`.
@@ -132,6 +134,8 @@ class FakeStripe(FaultsMixin, MeterEventsMixin, BillingMixin, ReportsMixin):
         self.events_newest_first = False
         self.summary_calls = 0
         self._usage: list[Usage] = []
+        self._stripe_customers: dict[str, dict[str, Any]] = {}
+        self.customer_list_calls = 0
         self._pending_errors: list[AsyncError] = []
         self._events: dict[str, dict[str, Any]] = {}
         self._webhook: tuple[str, str] | None = None
@@ -338,6 +342,8 @@ class FakeStripe(FaultsMixin, MeterEventsMixin, BillingMixin, ReportsMixin):
             self._customers = (None if self._initial_customers is None
                                else set(self._initial_customers))
             self._usage.clear()
+            self._stripe_customers.clear()
+            self.customer_list_calls = 0
             self._pending_errors.clear()
             self._events.clear()
             self._also_accepted.clear()
@@ -471,6 +477,10 @@ class FakeStripe(FaultsMixin, MeterEventsMixin, BillingMixin, ReportsMixin):
                 self.set_auth_failure(args.get("status"))
             elif name == "customers":
                 self.add_customer(str(args["customer"]))
+            elif name == "stripe_customers":
+                self.create_customer(args.get("id"), name=args.get("name"),
+                                     metadata=args.get("metadata"),
+                                     deleted=bool(args.get("deleted")))
             elif name == "flush_reports":
                 return Response(200, to_json({"events": self.flush_reports()}))
             else:

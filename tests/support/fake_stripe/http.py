@@ -23,6 +23,7 @@ METER_EVENTS_PATH = "/v1/billing/meter_events"
 ADJUSTMENTS_PATH = "/v1/billing/meter_event_adjustments"
 METERS_PATH = "/v1/billing/meters"
 EVENTS_PATH = "/v2/core/events"
+CUSTOMERS_PATH = "/v1/customers"
 CONTROL_PREFIX = "/_fake/"
 MAX_BODY_BYTES = 1 << 20
 _KEY_PREFIX_RE = re.compile(r"^[a-z]{2,4}_(?:test|live)_")
@@ -172,7 +173,7 @@ class Handler(BaseHTTPRequestHandler):
             fake._track(self.connection, busy=False)
 
     def do_GET(self) -> None:  # noqa: N802 - stdlib naming
-        """Route GETs: meters, their summaries, v2 events, the control endpoints."""
+        """Route GETs: meters, their summaries, v2 events, customers, the control endpoints."""
         parts = urlsplit(self.path)
         path, query = parts.path, parts.query
         if self._read_body() is None:
@@ -186,6 +187,8 @@ class Handler(BaseHTTPRequestHandler):
             self.send(fake._authorized(self, lambda: fake._serve_summaries(meter_id, query)))
         elif path == EVENTS_PATH:
             self.send(fake._authorized(self, lambda: fake._serve_event_list(query)))
+        elif path == CUSTOMERS_PATH:
+            self.send(fake._authorized(self, lambda: fake._serve_customer_list(query)))
         elif path.startswith(EVENTS_PATH + "/"):
             event_id = path[len(EVENTS_PATH) + 1:]
             self.send(fake._authorized(self, lambda: fake._serve_event(event_id)))
