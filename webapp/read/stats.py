@@ -9,15 +9,17 @@ from sqlalchemy import Engine, func, select, text
 from ..db import reading
 from ..models import IN_FLIGHT_SQL, WAITING_IDLE_SQL
 from ..outbox.control import pause_state
+from ..outbox.retention import pruned_totals
 from ..outbox.sql import TENANTS, T, as_utc
 from ..outbox.states import ALL_STATUSES, Status
 from .health import health
 
 
-def stats(engine: Engine, *, now: datetime, api_key_here: bool = True) -> dict[str, object]:
+def stats(engine: Engine, *, now: datetime, api_key_here: bool = True,
+          retention_days: int | None = None) -> dict[str, object]:
     """Counts by status (every row counted), the oldest waiting event's age, the sending
-    switch, how many events wait for a customer mapping, and the state of sending
-    (``health``: the dashboard's status line)."""
+    switch, how many events wait for a customer mapping, the state of sending (``health``:
+    the dashboard's status line) and what retention has removed (``pruned``)."""
     with reading(engine) as conn:
         counts = dict.fromkeys(ALL_STATUSES, 0)
         for status, n in conn.execute(select(T.c.status, func.count()).group_by(T.c.status)):
@@ -36,6 +38,7 @@ def stats(engine: Engine, *, now: datetime, api_key_here: bool = True) -> dict[s
                        TENANTS.c.stripe_customer_id.is_not(None)).exists())).scalar_one()
         switch = pause_state(conn)
         state = health(conn, now=now, api_key_here=api_key_here)
+        pruned, pruned_units, last_pruned = pruned_totals(conn)
     return {
         "counts": counts,
         "oldest_pending_age_seconds": (round((now - oldest).total_seconds(), 3)
@@ -45,4 +48,7 @@ def stats(engine: Engine, *, now: datetime, api_key_here: bool = True) -> dict[s
         "pause_kind": switch.kind,
         "waiting_for_customer_mapping": int(unmapped),
         "health": state.as_dict(),
+        "pruned": {"events": pruned, "units": pruned_units,
+                   "last_at": last_pruned.isoformat() if last_pruned else None,
+                   "retention_days": retention_days},
     }

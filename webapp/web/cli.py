@@ -144,7 +144,8 @@ def stats(as_json: bool) -> None:
     from ..read.stats import stats as compute
 
     data = compute(_svc().engine, now=_svc().clock(),
-                   api_key_here=_svc().settings.stripe_mode != "none")
+                   api_key_here=_svc().settings.stripe_mode != "none",
+                   retention_days=_svc().settings.retention_days)
     if as_json:
         click.echo(json.dumps(data))
         return

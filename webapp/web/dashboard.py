@@ -7,7 +7,9 @@ from functools import partial
 from flask import Blueprint, flash, redirect, url_for
 from flask.typing import ResponseReturnValue
 
+from ..db import reading
 from ..outbox import operations
+from ..outbox.retention import pruned_totals
 from ..read import overview as overview_reads
 from ..read import retries as retries_reads
 from ..read.series import RANGES
@@ -31,8 +33,12 @@ def overview() -> ResponseReturnValue:
     settings = svc().settings
     data = overview_reads.overview(svc().engine, now=now(), stripe_mode=settings.stripe_mode,
                                    chart_range=CHART_RANGE.get())
+    with reading(svc().engine) as conn:
+        pruned, _, last_at = pruned_totals(conn)
     return render("dashboard/overview.html", ov=data, stripe_mode=settings.stripe_mode,
-                  ranges=RANGES, chart=_sent_chart(data))
+                  ranges=RANGES, chart=_sent_chart(data),
+                  retention={"days": settings.retention_days, "events": pruned,
+                             "last_at": last_at})
 
 
 def _sent_chart(data: overview_reads.Overview) -> charts.Chart:

@@ -77,7 +77,9 @@ def list_filters() -> lists.EventFilters:
 def _detail(event_id: int) -> EventDetail:
     detail = event_detail(svc().engine, event_id)
     if detail is None:
-        abort(404, f"There is no event {event_id}.")
+        abort(404, f"There is no event {event_id}. Sent, resolved and cancelled events are "
+                   f"removed {svc().settings.retention_days} days after their last change "
+                   "(their usage stays counted): it may have been one of those.")
     return detail
 
 

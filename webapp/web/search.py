@@ -34,4 +34,5 @@ def index() -> ResponseReturnValue:
         if kind == "events":
             return redirect(event_url(row["id"]))
         return redirect(f"{event_url(row['event_id'])}#attempt-{int(row['id'])}")
-    return render("search/index.html", q=q, results=results, limit=GROUP_LIMIT)
+    return render("search/index.html", q=q, results=results, limit=GROUP_LIMIT,
+                  retention_days=svc().settings.retention_days)
