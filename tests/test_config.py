@@ -36,6 +36,7 @@ def test_defaults() -> None:
     assert s.stripe_meter_event_name == "api_requests"
     assert s.stripe_timeout_seconds == 10.0
     assert s.stripe_max_requests_per_second == 20.0  # under test mode's 25/s
+    assert s.meter_event_api == "v1"
     assert (s.batch_size, s.max_attempts, s.concurrency) == (200, 12, 8)
     assert (s.initial_backoff_seconds, s.max_backoff_seconds) == (2.0, 1800.0)
     assert s.claim_timeout_seconds == 120.0
@@ -151,6 +152,8 @@ BAD = [
     ("DRAINER_ENABLED", "2"),
     ("LOG_FORMAT", "xml"),
     ("LOG_LEVEL", "TRACE"),
+    ("STRIPE_METER_EVENT_API", "v2"),
+    ("STRIPE_METER_EVENT_API", "stream"),
 ]
 
 
@@ -165,6 +168,13 @@ def test_bad_value_names_the_variable(name: str, value: str) -> None:
     else:
         message = refused(**env)
     assert name in message, message
+
+
+def test_meter_event_api_stream() -> None:
+    assert load(STRIPE_METER_EVENT_API="v2_stream").meter_event_api == "v2_stream"
+    assert load(STRIPE_METER_EVENT_API=" V2_Stream ").meter_event_api == "v2_stream"
+    message = refused(STRIPE_METER_EVENT_API="v3")
+    assert message == "STRIPE_METER_EVENT_API: expected one of v1, v2_stream, got 'v3'"
 
 
 # -- DRAINER_ENABLED ------------------------------------------------------------------------------

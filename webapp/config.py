@@ -19,6 +19,9 @@ from urllib.parse import urlparse
 INSTANCE_DIR = Path(os.environ.get("BILLING_OUTBOX_INSTANCE_DIR", Path.cwd() / "instance"))
 
 STRIPE_API_BASE_DEFAULT = "https://api.stripe.com"
+#: How meter events go to Stripe: ``v1`` (one per call) or ``v2_stream`` (sessions, up to 100
+#: events per request).
+METER_EVENT_APIS = ("v1", "v2_stream")
 # stripe-python's RequestsClient connect timeout; a call can take this plus the read timeout.
 CONNECT_TIMEOUT_SECONDS = 3.05
 
@@ -43,6 +46,8 @@ class Settings:
     stripe_meter_event_name: str = "api_requests"
     stripe_timeout_seconds: float = 10.0
     stripe_max_requests_per_second: float = 20.0
+    #: ``v1``: one event per call; ``v2_stream``: meter event sessions, up to 100 per request.
+    meter_event_api: str = "v1"
     batch_size: int = 200
     max_attempts: int = 12
     initial_backoff_seconds: float = 2.0
@@ -115,6 +120,7 @@ class Settings:
             stripe_timeout_seconds=_number(env, "STRIPE_TIMEOUT_SECONDS", 10.0, low=0.1, high=120),
             stripe_max_requests_per_second=_number(
                 env, "STRIPE_MAX_REQUESTS_PER_SECOND", 20.0, low=0.1, high=10_000),
+            meter_event_api=_choice(env, "STRIPE_METER_EVENT_API", "v1", METER_EVENT_APIS),
             batch_size=_integer(env, "OUTBOX_BATCH_SIZE", 200, low=1, high=10_000),
             max_attempts=_integer(env, "OUTBOX_MAX_ATTEMPTS", 12, low=1, high=1000),
             initial_backoff_seconds=_number(
