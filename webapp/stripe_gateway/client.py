@@ -1,4 +1,5 @@
-"""Our verbs in, plain data and classified outcomes out: send a meter event; list meters;
+"""Our verbs in, plain data and classified outcomes out: send a meter event (or up to 100
+through a meter event stream, :mod:`.stream`); list meters;
 list customers; list and read Stripe's events (API v2); verify a pushed event notification;
 read meter event summaries; cancel a meter event. Only this package imports ``stripe``."""
 
@@ -6,7 +7,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NamedTuple, Protocol
@@ -20,6 +21,7 @@ from ..outbox.states import CallResult, Outcome
 from ..outbox.tenant_sync import StripeCustomer
 from .errors import classify_error
 from .http import Urllib3Client
+from .stream import StreamResult, StreamSender
 
 
 class MeterEvent(NamedTuple):
@@ -90,7 +92,8 @@ class StripeGateway:
     """
 
     def __init__(self, api_key: str, *, api_base: str, timeout_seconds: float,
-                 connect_timeout_seconds: float = 3.05, pool_size: int = 64) -> None:
+                 connect_timeout_seconds: float = 3.05, pool_size: int = 64,
+                 clock: Callable[[], datetime] | None = None) -> None:
         self._base = api_base.rstrip("/")
         # Proxy settings are read from the environment once, here (requests would rescan
         # every environment variable on every call).
@@ -110,6 +113,10 @@ class StripeGateway:
             max_network_retries=0,
             http_client=self._http,
         )
+        # The meter event stream's session is created on its first use, and shared by every
+        # thread sending through this gateway.
+        self._stream = StreamSender(self._client, last_request_id=self._http.last_request_id,
+                                    clock=clock)
 
     @property
     def calls(self) -> int:
@@ -128,6 +135,16 @@ class StripeGateway:
         response = getattr(created, "last_response", None)
         return CallResult(Outcome.DELIVERED, http_status=200,
                           request_id=getattr(response, "request_id", None))
+
+    def send_batch(self, events: Sequence[MeterEvent]) -> StreamResult:
+        """``POST /v2/billing/meter_event_stream`` with 1 to 100 events (``ValueError``
+        otherwise): each event's classified outcome (see :mod:`.stream`)."""
+        return self._stream.send(events)
+
+    @property
+    def stream_sessions(self) -> int:
+        """Meter event sessions created so far."""
+        return self._stream.sessions.created
 
     # -- meters ---------------------------------------------------------------------------
     def list_meters(self) -> list[MeterInfo]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,6 +36,9 @@ class Urllib3Client(stripe.HTTPClient):
         self._origins: dict[str, urllib3.HTTPConnectionPool] = {}
         self._counter = itertools.count(1)
         self._calls = 0
+        # The last answer's ``Request-Id`` per thread: an SDK call that returns nothing (the
+        # meter event stream's 200 ``{}``) leaves no ``last_response`` to read it from.
+        self._last = threading.local()
 
     @property
     def calls(self) -> int:
@@ -45,6 +49,7 @@ class Urllib3Client(stripe.HTTPClient):
                 post_data: Any = None, *, _usage: Any = None
                 ) -> tuple[Any, int, Any]:  # the SDK decodes bytes as well as str
         self._calls = next(self._counter)  # atomic under threads, unlike += 1
+        self._last.request_id = None
         try:
             if self._proxied:
                 resp = self._pool.request(method.upper(), url, body=post_data,
@@ -61,7 +66,13 @@ class Urllib3Client(stripe.HTTPClient):
             raise stripe.APIConnectionError(  # type: ignore[no-untyped-call]
                 "Unexpected error communicating with Stripe. "
                 f"(Network error: {type(exc).__name__}: {exc})", should_retry=True) from exc
+        self._last.request_id = resp.headers.get("Request-Id")
         return resp.data, resp.status, resp.headers
+
+    def last_request_id(self) -> str | None:
+        """The ``Request-Id`` of the last answer this thread received (None before one)."""
+        value = getattr(self._last, "request_id", None)
+        return None if value is None else str(value)
 
     def request_stream(self, method: str, url: str, headers: Mapping[str, str] | None,
                        post_data: Any = None, *, _usage: Any = None) -> Any:

@@ -1,0 +1,300 @@
+"""Stripe's meter event streams (API v2): one session token shared by a process's threads,
+requests of up to 100 events, and what each request's answer means for every event in it.
+
+What this relies on in stripe-python 16.1.0:
+
+* ``client.v2.billing.meter_event_session.create()`` is ``POST /v2/billing/meter_event_session``
+  on the ``api`` base address, authenticated with the secret key; the session carries
+  ``authentication_token`` and ``expires_at`` (RFC 3339), valid 15 minutes.
+* ``client.v2.billing.meter_event_stream.create(params=..., options={"api_key": token})`` is
+  ``POST /v2/billing/meter_event_stream`` on the ``meter_events`` base address, and returns
+  None: the 200's request id is read from the HTTP client instead.
+* A v2 error whose ``type`` is ``temporary_session_expired`` raises
+  ``stripe.TemporarySessionExpiredError``; other v2 errors are mapped as v1's are (a 400 is an
+  ``InvalidRequestError`` with Stripe's ``param``, 401 ``AuthenticationError``, 429
+  ``RateLimitError``), so :func:`~.errors.classify_error` applies to them unchanged.
+* The SDK gives every v2 POST a fresh ``Idempotency-Key`` of its own: a resend is a new request,
+  and Stripe's identifier dedupe is what makes resending an event safe.
+
+Stripe validates the events of a stream after answering 200 (unknown meter or customer, bad
+value, old timestamp) and reports them as error reports, like v1's later checks. A request-level
+400 applies none of its events; which event it was about is named only when its ``param`` says
+``events[<i>]…``: otherwise :func:`split_refused` finds it by sending halves.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Protocol
+
+import stripe
+
+from ..outbox.states import CallResult, Outcome
+from .errors import classify_error
+
+if TYPE_CHECKING:
+    from .client import MeterEvent
+
+#: Stripe takes at most this many events in one stream request.
+MAX_EVENTS_PER_REQUEST = 100
+#: A session is renewed this long before Stripe's ``expires_at``, so no request carries a token
+#: about to expire (and clocks that differ a little do not matter).
+RENEW_AHEAD_SECONDS = 60.0
+#: :func:`split_refused` sends at most this many extra requests for one refused request: enough
+#: to find two bad events among 100 by halving (each level of halving costs two requests).
+MAX_SPLIT_REQUESTS = 28
+
+_EVENT_PARAM = re.compile(r"^events\[([0-9]+)\]")
+
+
+def stream_params(event: MeterEvent) -> dict[str, object]:
+    """One event of a stream request: the identifier, payload keys and second that v1 sends
+    (so Stripe's identifier dedupe holds across a switch of API), the time as RFC 3339."""
+    second = datetime.fromtimestamp(int(event.occurred_at.timestamp()), UTC)
+    return {
+        "event_name": event.event_name,
+        "identifier": event.identifier,
+        "timestamp": second.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "payload": {event.customer_key: event.stripe_customer_id,
+                    event.value_key: str(event.value)},
+    }
+
+
+@dataclass(frozen=True)
+class Session:
+    """A meter event session: its token, and when Stripe stops taking it."""
+
+    token: str
+    expires_at: datetime
+
+
+class SessionTokens:
+    """The process's meter event session: created on first use, shared by every thread,
+    renewed ``renew_ahead_seconds`` before it expires and at once when Stripe says it expired.
+
+    One lock guards it; a thread that finds the session due renews it while the others wait
+    for the new token (one session call, not one per thread).
+    """
+
+    def __init__(self, create: Callable[[], Session], *, clock: Callable[[], datetime],
+                 renew_ahead_seconds: float = RENEW_AHEAD_SECONDS) -> None:
+        self._create = create
+        self._clock = clock
+        self._ahead = timedelta(seconds=renew_ahead_seconds)
+        self._lock = threading.Lock()
+        self._session: Session | None = None
+        self._created = 0
+
+    @property
+    def created(self) -> int:
+        """Sessions created so far."""
+        return self._created
+
+    def token(self) -> str:
+        """A token that is not due for renewal; raises the SDK's error if creating one fails."""
+        with self._lock:
+            session = self._session
+            if session is None or self._clock() >= session.expires_at - self._ahead:
+                session = self._new()
+            return session.token
+
+    def renew(self, stale: str) -> str:
+        """A new token in place of ``stale``, which Stripe said had expired (another thread's
+        renewal is used when it already replaced ``stale``)."""
+        with self._lock:
+            session = self._session
+            if (session is None or session.token == stale
+                    or self._clock() >= session.expires_at - self._ahead):
+                session = self._new()
+            return session.token
+
+    def _new(self) -> Session:
+        session = self._create()
+        self._session = session
+        self._created += 1
+        return session
+
+
+@dataclass(frozen=True)
+class StreamResult:
+    """What one stream request (or one request and the requests that split it) did.
+
+    ``results`` holds one classified outcome per event, in the request's order. ``requests``
+    counts the HTTP stream requests made; ``resent_after_expiry`` of them repeated the same
+    events because Stripe said the session had expired: those are not attempts. ``unconfirmed``:
+    Stripe refused the request with a 400 that names no event, so none of them was applied
+    (each is ``NOT_EXECUTED``) and ``refusal`` is Stripe's answer as it would read for the
+    event at fault: :func:`split_refused` finds which one.
+    """
+
+    results: tuple[CallResult, ...]
+    request_id: str | None
+    requests: int = 1
+    resent_after_expiry: int = 0
+    unconfirmed: bool = False
+    refusal: CallResult | None = None
+
+
+class StreamGateway(Protocol):
+    """What a drainer needs of Stripe in stream mode: send up to 100 events in one request."""
+
+    def send_batch(self, events: Sequence[MeterEvent]) -> StreamResult: ...
+
+
+class StreamSender:
+    """Sends meter events through a stream session of the official SDK; never raises for
+    Stripe's answer (only :class:`ValueError` for an empty or oversized batch)."""
+
+    def __init__(self, client: stripe.StripeClient, *,
+                 last_request_id: Callable[[], str | None],
+                 clock: Callable[[], datetime] | None = None,
+                 renew_ahead_seconds: float = RENEW_AHEAD_SECONDS) -> None:
+        self._client = client
+        self._last_request_id = last_request_id
+        self.sessions = SessionTokens(self._create_session,
+                                      clock=clock or (lambda: datetime.now(UTC)),
+                                      renew_ahead_seconds=renew_ahead_seconds)
+
+    def _create_session(self) -> Session:
+        session = self._client.v2.billing.meter_event_session.create()
+        return Session(str(session.authentication_token), _parse_time(session.expires_at))
+
+    def send(self, events: Sequence[MeterEvent]) -> StreamResult:
+        """``POST /v2/billing/meter_event_stream`` with ``events`` (1 to 100), each event's
+        classified outcome. An expired session is renewed and the same request sent once more
+        (counted in ``resent_after_expiry``)."""
+        count = len(events)
+        if not 0 < count <= MAX_EVENTS_PER_REQUEST:
+            raise ValueError(f"a stream request holds 1 to {MAX_EVENTS_PER_REQUEST} events, "
+                             f"not {count}")
+        params = {"events": [stream_params(e) for e in events]}
+        resent = 0
+        try:
+            token = self.sessions.token()
+        except stripe.StripeError as exc:
+            return _session_failed(exc, count, requests=0, resent=0)
+        while True:
+            try:
+                self._client.v2.billing.meter_event_stream.create(
+                    params=params,  # type: ignore[arg-type]
+                    options={"api_key": token})
+            except stripe.TemporarySessionExpiredError as exc:
+                if resent:
+                    # Expired twice in a row: nothing was applied; try again later.
+                    result = replace(classify_error(exc), outcome=Outcome.NOT_EXECUTED)
+                    return StreamResult((result,) * count, exc.request_id, 1 + resent, resent)
+                resent = 1
+                try:
+                    token = self.sessions.renew(token)
+                except stripe.StripeError as renew_exc:
+                    return _session_failed(renew_exc, count, requests=1, resent=0)
+                continue
+            except stripe.StripeError as exc:
+                results, refusal = classify_stream_error(exc, count)
+                return StreamResult(results, exc.request_id, 1 + resent, resent,
+                                    unconfirmed=refusal is not None, refusal=refusal)
+            request_id = self._last_request_id()
+            sent = CallResult(Outcome.DELIVERED, http_status=200, request_id=request_id)
+            return StreamResult((sent,) * count, request_id, 1 + resent, resent)
+
+
+def classify_stream_error(exc: stripe.StripeError, count: int
+                          ) -> tuple[tuple[CallResult, ...], CallResult | None]:
+    """Each event's outcome after a stream request failed with ``exc``, and, when Stripe
+    refused the request with a 400 that names none of its events, that refusal (else None).
+
+    Every answer but a request-level 400 concerns the whole request, so every event gets the
+    outcome v1 gives the same answer (timeouts and 5xx: unknown; 429, 409, 503: not executed;
+    401, 403: systemic). A 400 applied none of the events: the one its ``param`` names
+    (``events[3].timestamp``) gets v1's outcome for a 400, the others are not executed.
+    """
+    base = classify_error(exc)
+    if exc.http_status != 400 or base.outcome is Outcome.NOT_EXECUTED:
+        return (base,) * count, None
+    index = refused_index(exc)
+    if index is None or index >= count:
+        untouched = replace(base, outcome=Outcome.NOT_EXECUTED, fresh_key=False)
+        return (untouched,) * count, base
+    untouched = replace(base, outcome=Outcome.NOT_EXECUTED, fresh_key=False,
+                        message=f"not applied: Stripe refused the whole request because of "
+                                f"another event in it ({base.message})")
+    return tuple(base if i == index else untouched for i in range(count)), None
+
+
+def refused_index(exc: stripe.StripeError) -> int | None:
+    """The position of the event a 400's ``param`` names (``events[3].timestamp`` → 3)."""
+    error = getattr(exc, "error", None)
+    param = getattr(error, "param", None) or getattr(exc, "param", None)
+    match = _EVENT_PARAM.match(str(param)) if param else None
+    return int(match.group(1)) if match else None
+
+
+def split_refused(send: Callable[[Sequence[MeterEvent]], StreamResult],
+                  events: Sequence[MeterEvent], first: StreamResult, *,
+                  max_requests: int = MAX_SPLIT_REQUESTS) -> StreamResult:
+    """Find the event(s) at fault in a request Stripe refused without naming one (``first``
+    is its result): send each half, and halve again any half refused the same way, until the
+    refused half is one event, which gets Stripe's refusal; the other halves get their own
+    answers (sent, or whatever else Stripe said). Halves go one after another, never two at
+    once. At most ``max_requests`` extra calls of ``send``: events still unresolved then stay
+    not executed, and the result is still ``unconfirmed``. A systemic answer stops the search
+    and is given to every unresolved event."""
+    if not first.unconfirmed:
+        return first
+    results = list(first.results)
+    requests, resent = first.requests, first.resent_after_expiry
+    if len(events) == 1:
+        results[0] = first.refusal or replace(results[0], outcome=Outcome.PERMANENT)
+        return replace(first, results=tuple(results), unconfirmed=False, refusal=None)
+    todo = _halves(0, len(events))
+    spent = 0
+    while todo and spent < max_requests:
+        lo, hi = todo.pop(0)
+        part = send(events[lo:hi])
+        spent += 1
+        requests += part.requests
+        resent += part.resent_after_expiry
+        if part.unconfirmed and hi - lo == 1:
+            results[lo] = part.refusal or replace(part.results[0], outcome=Outcome.PERMANENT)
+        elif part.unconfirmed:
+            todo = _halves(lo, hi) + todo
+        else:
+            results[lo:hi] = part.results
+            systemic = next((r for r in part.results if r.outcome is Outcome.SYSTEMIC), None)
+            if systemic is not None:
+                for a, b in todo:
+                    results[a:b] = [systemic] * (b - a)
+                todo = []
+    return StreamResult(tuple(results), first.request_id, requests, resent,
+                        unconfirmed=bool(todo), refusal=first.refusal if todo else None)
+
+
+def _halves(lo: int, hi: int) -> list[tuple[int, int]]:
+    mid = (lo + hi) // 2
+    return [(lo, mid), (mid, hi)]
+
+
+def _session_failed(exc: stripe.StripeError, count: int, *, requests: int,
+                    resent: int) -> StreamResult:
+    """No session, so no event left: a 401/403 (or any answer that will not pass by itself)
+    stops sending; a timeout, a 5xx or a rate limit leaves the events not executed."""
+    base = classify_error(exc)
+    if base.outcome in (Outcome.UNKNOWN, Outcome.NOT_EXECUTED):
+        base = replace(base, outcome=Outcome.NOT_EXECUTED, fresh_key=False)
+    else:
+        base = replace(base, outcome=Outcome.SYSTEMIC)
+    message = f"no meter event session: {base.message}" if base.message else None
+    result = replace(base, message=message)
+    return StreamResult((result,) * count, exc.request_id, requests, resent)
+
+
+def _parse_time(value: object) -> datetime:
+    """A v2 time (RFC 3339), timezone-aware."""
+    if isinstance(value, datetime):
+        return value.astimezone(UTC)
+    parsed = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
