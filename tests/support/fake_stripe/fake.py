@@ -1,7 +1,8 @@
-"""A loopback HTTP fake of Stripe's billing API, standard library only: meter events,
-meters, meter event summaries and adjustments, customers (``customers``: listed with their
-metadata, for the tenant sync), and the v2 events that report errors found
-after a 200 (listed, read in full, or pushed signed to an event destination).
+"""A loopback HTTP fake of Stripe's billing API, standard library only: meter events (v1, and
+v2 meter event streams with their sessions: ``stream.py``), meters, meter event summaries and
+adjustments, customers (``customers``: listed with their metadata, for the tenant sync), and
+the v2 events that report errors found after a 200 (listed, read in full, or pushed signed to
+an event destination).
 
 The real ``stripe`` SDK is pointed at it (``base_addresses={"api": fake.base_url, ...}``) and
 sees what it would see from Stripe (``/work/shared/STRIPE.md`` is the spec this follows):
@@ -21,9 +22,12 @@ sees what it would see from Stripe (``/work/shared/STRIPE.md`` is the spec this 
 * Faults: queued (:meth:`FakeStripe.fail_next`) and random from a seeded RNG
   (:meth:`FakeStripe.set_faults`), a refused-connection outage on the same port
   (:meth:`FakeStripe.set_outage`) and a switch that answers 401/403 to everything.
-* Observation: accepted events, call counts, and the number of times a call for a
-  (customer, event_name) lane started while another call of that lane was still in flight;
-  Stripe allows one concurrent call per customer per meter.
+* Meter event streams (``stream.py``): sessions, forced token expiry, the same faults and
+  latency, one accepted set with v1 (an identifier accepted by either is taken once), every
+  check but the request's shape made after the 200 and reported like v1's later checks.
+* Observation: accepted events (v1's and the streams'), call counts, and the number of times a
+  call for a (customer, event_name) lane started while another call of that lane was still in
+  flight; Stripe allows one concurrent call per customer per meter.
 
 Order of the checks for one request: auth, the front faults (401, 403, 429, 503, 409,
 ``drop_before``), the idempotency layer (replay, mismatch, in use), validation, execution (the
@@ -70,6 +74,7 @@ from .faults import Fault, FaultsMixin, RandomFaults
 from .http import Response, Server, error, to_json
 from .meter_events import AcceptedEvent, AsyncError, FakeMeter, IdemRecord, MeterEventsMixin
 from .reports import ReportsMixin
+from .stream import StreamMixin
 
 __all__ = ["AcceptedEvent", "FakeStripe", "main"]
 
@@ -88,7 +93,8 @@ class Poison:
     message: str | None = None
 
 
-class FakeStripe(FaultsMixin, MeterEventsMixin, BillingMixin, CustomersMixin, ReportsMixin):
+class FakeStripe(FaultsMixin, MeterEventsMixin, StreamMixin, BillingMixin, CustomersMixin,
+                 ReportsMixin):
     """A fake of Stripe's billing API on a loopback port. Thread-safe.
 
     Use it as a context manager, or call :meth:`start` and :meth:`stop`.
@@ -165,6 +171,7 @@ class FakeStripe(FaultsMixin, MeterEventsMixin, BillingMixin, CustomersMixin, Re
         self._max_in_flight = 0
         self._log: deque[dict[str, Any]] = deque(maxlen=REQUEST_LOG_LIMIT)
         self._idem: dict[tuple[str, str], IdemRecord] = {}
+        self._stream_init()
 
         # Server lifecycle (start/stop/outage) is serialised by its own lock.
         self._server_lock = threading.Lock()
@@ -366,6 +373,10 @@ class FakeStripe(FaultsMixin, MeterEventsMixin, BillingMixin, CustomersMixin, Re
             self._max_in_flight = self._in_flight
             self._log.clear()
             self._idem.clear()
+            # Sessions already issued stay valid (a client holding one keeps using it).
+            tokens = self._stream_tokens
+            self._stream_init()
+            self._stream_tokens = tokens
         for name in self._initial_meters:
             self.add_meter(name)
 
@@ -451,6 +462,8 @@ class FakeStripe(FaultsMixin, MeterEventsMixin, BillingMixin, CustomersMixin, Re
                 "duplicate_identifier_rejections": self._duplicates,
                 "events": len(self._events),
                 "summary_calls": self.summary_calls,
+                "stream_calls": self._stream_calls,
+                "stream_sessions": self._stream_sessions,
             }
 
     def _control(self, method: str, name: str, body: bytes) -> Response:
@@ -481,6 +494,8 @@ class FakeStripe(FaultsMixin, MeterEventsMixin, BillingMixin, CustomersMixin, Re
                 self.create_customer(args.get("id"), name=args.get("name"),
                                      metadata=args.get("metadata"),
                                      deleted=bool(args.get("deleted")))
+            elif name == "expire_stream_tokens":
+                self.expire_stream_tokens()
             elif name == "flush_reports":
                 return Response(200, to_json({"events": self.flush_reports()}))
             else:

@@ -24,6 +24,8 @@ ADJUSTMENTS_PATH = "/v1/billing/meter_event_adjustments"
 METERS_PATH = "/v1/billing/meters"
 EVENTS_PATH = "/v2/core/events"
 CUSTOMERS_PATH = "/v1/customers"
+STREAM_SESSION_PATH = "/v2/billing/meter_event_session"
+STREAM_PATH = "/v2/billing/meter_event_stream"
 CONTROL_PREFIX = "/_fake/"
 MAX_BODY_BYTES = 1 << 20
 _KEY_PREFIX_RE = re.compile(r"^[a-z]{2,4}_(?:test|live)_")
@@ -153,7 +155,8 @@ class Handler(BaseHTTPRequestHandler):
         """Silence the per-request access log."""
 
     def do_POST(self) -> None:  # noqa: N802 - stdlib naming
-        """Route POSTs: meter events, adjustments, the control endpoints, else 404."""
+        """Route POSTs: meter events (v1, and v2 streams with their sessions), adjustments, the
+        control endpoints, else 404."""
         path = urlsplit(self.path).path
         fake = self.server.fake
         fake._track(self.connection, busy=True)
@@ -163,6 +166,10 @@ class Handler(BaseHTTPRequestHandler):
                 return
             if path == METER_EVENTS_PATH:
                 fake._serve_meter_event(self, body)
+            elif path == STREAM_PATH:
+                fake._serve_stream(self, body)
+            elif path == STREAM_SESSION_PATH:
+                self.send(fake._serve_stream_session(self))
             elif path == ADJUSTMENTS_PATH:
                 self.send(fake._authorized(self, lambda: fake._serve_adjustment(body)))
             elif path.startswith(CONTROL_PREFIX):

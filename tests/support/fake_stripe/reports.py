@@ -61,7 +61,13 @@ class ReportsMixin:
         by_meter: dict[str, list[AsyncError]] = defaultdict(list)
         for err in pending:
             by_meter[err.event_name].append(err)
-        return [self.report_errors(errs) for errs in by_meter.values()]
+        with self._lock:
+            missing = {name for name in by_meter if name not in self._meters}
+        # An event for a meter that does not exist (only a stream can send one: v1 refuses it
+        # at once) is reported as Stripe does, without a meter to relate it to.
+        return [self.report_errors(errs, type_=NO_METER_FOUND if name in missing
+                                   else ERROR_REPORT)
+                for name, errs in by_meter.items()]
 
     def report_errors(self, errors: Iterable[AsyncError], *, type_: str = ERROR_REPORT,
                       error_count: int | None = None, created_ago: float = 0.0,
