@@ -41,8 +41,8 @@ if TYPE_CHECKING:
 
 #: Stripe takes at most this many events in one stream request.
 MAX_EVENTS_PER_REQUEST = 100
-#: A session is renewed this long before Stripe's ``expires_at``, so no request carries a token
-#: about to expire (and clocks that differ a little do not matter).
+#: A session is renewed this long before it expires, so no request carries a token about to
+#: expire (a slow request, a thread that waited for the lock).
 RENEW_AHEAD_SECONDS = 60.0
 #: :func:`split_refused` sends at most this many extra requests for one refused request: enough
 #: to find two bad events among 100 by halving (each level of halving costs two requests).
@@ -66,18 +66,21 @@ def stream_params(event: MeterEvent) -> dict[str, object]:
 
 @dataclass(frozen=True)
 class Session:
-    """A meter event session: its token, and when Stripe stops taking it."""
+    """A meter event session: its token, and how long Stripe takes it (``expires_at`` less
+    ``created``, both Stripe's times)."""
 
     token: str
-    expires_at: datetime
+    lifetime: timedelta
 
 
 class SessionTokens:
     """The process's meter event session: created on first use, shared by every thread,
     renewed ``renew_ahead_seconds`` before it expires and at once when Stripe says it expired.
 
-    One lock guards it; a thread that finds the session due renews it while the others wait
-    for the new token (one session call, not one per thread).
+    The expiry is counted on this process's clock from when the session arrived, for the
+    session's lifetime by Stripe's clock: a clock that differs from Stripe's cannot make every
+    request renew it. One lock guards it; a thread that finds the session due renews it while
+    the others wait for the new token (one session call, not one per thread).
     """
 
     def __init__(self, create: Callable[[], Session], *, clock: Callable[[], datetime],
@@ -87,6 +90,7 @@ class SessionTokens:
         self._ahead = timedelta(seconds=renew_ahead_seconds)
         self._lock = threading.Lock()
         self._session: Session | None = None
+        self._renew_at = datetime.min.replace(tzinfo=UTC)
         self._created = 0
 
     @property
@@ -98,7 +102,7 @@ class SessionTokens:
         """A token that is not due for renewal; raises the SDK's error if creating one fails."""
         with self._lock:
             session = self._session
-            if session is None or self._clock() >= session.expires_at - self._ahead:
+            if session is None or self._clock() >= self._renew_at:
                 session = self._new()
             return session.token
 
@@ -107,13 +111,15 @@ class SessionTokens:
         renewal is used when it already replaced ``stale``)."""
         with self._lock:
             session = self._session
-            if (session is None or session.token == stale
-                    or self._clock() >= session.expires_at - self._ahead):
+            if session is None or session.token == stale or self._clock() >= self._renew_at:
                 session = self._new()
             return session.token
 
     def _new(self) -> Session:
         session = self._create()
+        # Renew ahead of the end, but never sooner than half-way through a short session.
+        self._renew_at = self._clock() + max(session.lifetime - self._ahead,
+                                             session.lifetime / 2)
         self._session = session
         self._created += 1
         return session
@@ -161,7 +167,8 @@ class StreamSender:
 
     def _create_session(self) -> Session:
         session = self._client.v2.billing.meter_event_session.create()
-        return Session(str(session.authentication_token), _parse_time(session.expires_at))
+        return Session(str(session.authentication_token),
+                       _parse_time(session.expires_at) - _parse_time(session.created))
 
     def send(self, events: Sequence[MeterEvent]) -> StreamResult:
         """``POST /v2/billing/meter_event_stream`` with ``events`` (1 to 100), each event's
@@ -240,8 +247,9 @@ def split_refused(send: Callable[[Sequence[MeterEvent]], StreamResult],
     is its result): send each half, and halve again any half refused the same way, until the
     refused half is one event, which gets Stripe's refusal; the other halves get their own
     answers (sent, or whatever else Stripe said). Halves go one after another, never two at
-    once. At most ``max_requests`` extra calls of ``send``: events still unresolved then stay
-    not executed, and the result is still ``unconfirmed``. A systemic answer stops the search
+    once, level by level (so a bound that stops the search has sent the good halves it met).
+    At most ``max_requests`` extra calls of ``send``: events still unresolved then stay not
+    executed, and the result is still ``unconfirmed``. A systemic answer stops the search
     and is given to every unresolved event."""
     if not first.unconfirmed:
         return first
@@ -261,7 +269,7 @@ def split_refused(send: Callable[[Sequence[MeterEvent]], StreamResult],
         if part.unconfirmed and hi - lo == 1:
             results[lo] = part.refusal or replace(part.results[0], outcome=Outcome.PERMANENT)
         elif part.unconfirmed:
-            todo = _halves(lo, hi) + todo
+            todo += _halves(lo, hi)
         else:
             results[lo:hi] = part.results
             systemic = next((r for r in part.results if r.outcome is Outcome.SYSTEMIC), None)
