@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 import stripe
@@ -323,12 +324,11 @@ def test_a_refused_connection_to_the_stream_is_not_executed(
 
 
 def _invalid(param: str | None, message: str = "Invalid payload.", *,
-             code: str | None = None) -> stripe.InvalidRequestError:
+             code: str | None = None) -> Any:
     body = {"error": {"type": "invalid_request_error", "message": message, "param": param,
                       "code": code}}
-    return stripe.InvalidRequestError(message, param, code, http_body=json.dumps(body),
-                                      http_status=400, json_body=body,
-                                      headers={"request-id": "req_x"})
+    cls: Any = stripe.InvalidRequestError  # (message, param, code, body, status, json, headers)
+    return cls(message, param, code, json.dumps(body), 400, body, {"request-id": "req_x"})
 
 
 def test_classifying_a_400_by_its_param() -> None:

@@ -242,3 +242,13 @@ def test_control_endpoint_expires_tokens_and_state_counts_streams(fake: FakeStri
     assert resp.status_code == 401 and resp.json()["error"]["type"] == "temporary_session_expired"
     state = requests.get(f"{fake.base_url}/_fake/state", timeout=5).json()
     assert (state["stream_calls"], state["stream_sessions"]) == (1, 1)
+
+
+def test_reset_keeps_issued_tokens_and_restores_the_switches(fake: FakeStripe) -> None:
+    tok = token(fake)
+    fake.stream_names_event = False
+    fake.stream_token_seconds = 0
+    fake.reset()
+    assert (fake.stream_names_event, fake.stream_token_seconds) == (True, 15 * 60)
+    assert stream(fake, tok, [event("a")]).status_code == 200
+    assert (fake.stream_calls(), fake.stream_sessions()) == (1, 0)

@@ -96,6 +96,9 @@ class StreamMixin:
     stream_names_event: bool = True
 
     def _stream_init(self) -> None:
+        """The stream's state as constructed (also what :meth:`FakeStripe.reset` returns to)."""
+        self.stream_token_seconds = TOKEN_SECONDS
+        self.stream_names_event = True
         self._stream_tokens: dict[str, float] = {}
         self._stream_sessions = 0
         self._stream_calls = 0
