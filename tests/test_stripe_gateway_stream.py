@@ -349,3 +349,20 @@ def test_classifying_a_400_by_its_param() -> None:
                                     json_body={"error": {"code": "rate_limit"}})
     results, refusal = classify_stream_error(limited, 2)
     assert [r.outcome for r in results] == [Outcome.NOT_EXECUTED] * 2 and refusal is None
+
+
+def test_a_renewal_asked_with_an_already_replaced_token_reuses_the_new_one() -> None:
+    from webapp.stripe_gateway.stream import Session, SessionTokens
+
+    made: list[str] = []
+
+    def create() -> Session:
+        made.append(f"tok{len(made)}")
+        return Session(made[-1], timedelta(minutes=15))
+
+    now = datetime(2026, 12, 1, tzinfo=UTC)
+    tokens = SessionTokens(create, clock=lambda: now)
+    first = tokens.token()
+    second = tokens.renew(first)       # one thread saw it expire: renewed
+    assert tokens.renew(first) == second == tokens.token()  # another thread, late: reused
+    assert made == ["tok0", "tok1"] and tokens.created == 2

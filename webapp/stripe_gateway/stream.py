@@ -41,6 +41,8 @@ if TYPE_CHECKING:
 
 #: Stripe takes at most this many events in one stream request.
 MAX_EVENTS_PER_REQUEST = 100
+#: How long Stripe documents a session to last.
+SESSION_LIFETIME = timedelta(minutes=15)
 #: A session is renewed this long before it expires, so no request carries a token about to
 #: expire (a slow request, a thread that waited for the lock).
 RENEW_AHEAD_SECONDS = 60.0
@@ -167,8 +169,12 @@ class StreamSender:
 
     def _create_session(self) -> Session:
         session = self._client.v2.billing.meter_event_session.create()
-        return Session(str(session.authentication_token),
-                       _parse_time(session.expires_at) - _parse_time(session.created))
+        try:
+            lifetime = (_parse_time(getattr(session, "expires_at", None))
+                        - _parse_time(getattr(session, "created", None)))
+        except (TypeError, ValueError):
+            lifetime = SESSION_LIFETIME  # what Stripe documents, when its answer says nothing
+        return Session(str(session.authentication_token), lifetime)
 
     def send(self, events: Sequence[MeterEvent]) -> StreamResult:
         """``POST /v2/billing/meter_event_stream`` with ``events`` (1 to 100), each event's
@@ -301,7 +307,9 @@ def _session_failed(exc: stripe.StripeError, count: int, *, requests: int,
 
 
 def _parse_time(value: object) -> datetime:
-    """A v2 time (RFC 3339), timezone-aware."""
+    """A v2 time (RFC 3339), timezone-aware; ``ValueError`` for anything else."""
+    if value is None:
+        raise ValueError("no time")
     if isinstance(value, datetime):
         return value.astimezone(UTC)
     parsed = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
