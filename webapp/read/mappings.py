@@ -71,9 +71,9 @@ def _page(rows: list[dict[str, Any] | None], query: MappingQuery, key: str) -> K
         shown = [r for r in rows if r is not None]
         return KeyPage(shown, shown[-1][key] if shown else None,
                        shown[0][key] if shown and more_before else None)
-    shown = rows[:query.limit]
-    return KeyPage(shown, shown[-1][key] if len(rows) > query.limit else None,
-                   shown[0][key] if shown and query.after is not None else None)
+    ahead = [r for r in rows[:query.limit] if r is not None]
+    return KeyPage(ahead, ahead[-1][key] if len(rows) > query.limit else None,
+                   ahead[0][key] if ahead and query.after is not None else None)
 
 
 def _matches(text: str) -> ColumnElement[bool]:

@@ -17,15 +17,21 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     ColumnElement,
     Connection,
     Engine,
+    and_,
     case,
     func,
+    literal,
+    literal_column,
+    null,
     or_,
     select,
     union_all,
 )
+from sqlalchemy import cast as sql_cast
 
 from ..db import reading
 from ..outbox.rollups import SENT_USAGE, Mark, live_sent, read_mark
@@ -94,10 +100,12 @@ def _bounds(start: date, end: date) -> tuple[datetime, datetime]:
     return lo, datetime(end.year, end.month, end.day, tzinfo=UTC) + timedelta(days=1)
 
 
-def usage_pieces(mark: Mark, start: date, end: date, tenant_id: str | None = None) -> list[Any]:
-    """Every source of the period's usage as ``(tenant_id, meter, status, events, quantity)``
-    selects, the way ``usage_in`` reads them: sent from the rollup plus the rows past its
-    mark, the unsent statuses through ``ix_outbox_unsent``, events in flight as pending."""
+def usage_pieces(mark: Mark, start: date, end: date,
+                 tenant_id: str | None = None) -> tuple[list[Any], list[Any]]:
+    """Every source of the period's usage, the way ``usage_in`` reads them, each summed per
+    tenant and meter: sent (``(tenant_id, meter, events, quantity)`` selects: the rollup
+    plus the rows past its mark), and the other statuses (``(tenant_id, meter, status,
+    events, quantity)``: through ``ix_outbox_unsent``, events in flight as pending)."""
     lo, hi = _bounds(start, end)
     span = [T.c.occurred_at >= lo, T.c.occurred_at < hi]
     folded = [SENT_ROLLUP.c.day >= start.isoformat(), SENT_ROLLUP.c.day <= end.isoformat()]
@@ -105,13 +113,16 @@ def usage_pieces(mark: Mark, start: date, end: date, tenant_id: str | None = Non
         span.append(T.c.tenant_id == tenant_id)
         folded.append(SENT_ROLLUP.c.tenant_id == tenant_id)
     unsent = status_in(tuple(s for s in USAGE_STATUSES if s != "sent"))
-    return [
-        select(SENT_ROLLUP.c.tenant_id, SENT_ROLLUP.c.meter, sql_str("sent").label("status"),
-               SENT_ROLLUP.c.events.label("events"), SENT_ROLLUP.c.quantity.label("quantity"))
-        .where(*folded),
-        select(T.c.tenant_id, T.c.meter, sql_str("sent").label("status"),
-               func.count().label("events"), int_sum(T.c.quantity).label("quantity"))
+    sent = [
+        select(SENT_ROLLUP.c.tenant_id, SENT_ROLLUP.c.meter,
+               int_sum(SENT_ROLLUP.c.events).label("events"),
+               int_sum(SENT_ROLLUP.c.quantity).label("quantity"))
+        .where(*folded).group_by(SENT_ROLLUP.c.tenant_id, SENT_ROLLUP.c.meter),
+        select(T.c.tenant_id, T.c.meter, func.count().label("events"),
+               int_sum(T.c.quantity).label("quantity"))
         .where(live_sent(mark), *span).group_by(T.c.tenant_id, T.c.meter),
+    ]
+    other = [
         select(T.c.tenant_id, T.c.meter, T.c.status, func.count().label("events"),
                int_sum(T.c.quantity).label("quantity"))
         .where(unsent, IDLE_UNSENT, *span).group_by(T.c.tenant_id, T.c.meter, T.c.status),
@@ -119,23 +130,50 @@ def usage_pieces(mark: Mark, start: date, end: date, tenant_id: str | None = Non
                func.count().label("events"), int_sum(T.c.quantity).label("quantity"))
         .where(IN_FLIGHT, *span).group_by(T.c.tenant_id, T.c.meter),
     ]
+    return sent, other
+
+
+#: The statuses other than sent, in the table's order.
+UNSENT = tuple(s for s in USAGE_STATUSES if s != "sent")
 
 
 def _per_row(conn: Connection, start: date, end: date, tenant_id: str | None = None) -> Any:
     """The period's usage, one row per tenant × meter, a column per status and figure
-    (``<status>_events``, ``<status>_units``), with the tenant's name and customer."""
-    both = union_all(*usage_pieces(read_mark(conn, SENT_USAGE), start, end,
-                                   tenant_id)).subquery()
-    figures = []
-    for s in USAGE_STATUSES:
-        mine = both.c.status == sql_str(s)
-        figures += [int_sum(case((mine, both.c.events), else_=0)).label(f"{s}_events"),
-                    int_sum(case((mine, both.c.quantity), else_=0)).label(f"{s}_units")]
-    grouped = (select(both.c.tenant_id, both.c.meter, *figures)
-               .group_by(both.c.tenant_id, both.c.meter).subquery())
-    return (select(grouped, TENANTS.c.name, TENANTS.c.stripe_customer_id)
-            .select_from(grouped.outerjoin(TENANTS, TENANTS.c.tenant_id == grouped.c.tenant_id))
-            .subquery())
+    (``<status>_events``, ``<status>_units``), with the tenant's name and customer.
+
+    Sent usage (a row per tenant and meter and day in the rollup: the bulk) is summed with
+    two sums; the other statuses (a few rows) are spread into their columns apart; the two
+    are joined (a left join, plus the tenants with no sent usage: no FULL JOIN, which
+    SQLite before 3.39 lacks)."""
+    sent_pieces, other_pieces = usage_pieces(read_mark(conn, SENT_USAGE), start, end,
+                                             tenant_id)
+    s_all = union_all(*sent_pieces).subquery()
+    sent = (select(s_all.c.tenant_id, s_all.c.meter,
+                   int_sum(s_all.c.events).label("sent_events"),
+                   int_sum(s_all.c.quantity).label("sent_units"))
+            .group_by(s_all.c.tenant_id, s_all.c.meter).cte("sent_usage"))
+    o_all = union_all(*other_pieces).subquery()
+    spread = []
+    for st in UNSENT:
+        mine = o_all.c.status == sql_str(st)
+        spread += [int_sum(case((mine, o_all.c.events), else_=0)).label(f"{st}_events"),
+                   int_sum(case((mine, o_all.c.quantity), else_=0)).label(f"{st}_units")]
+    other = (select(o_all.c.tenant_id, o_all.c.meter, *spread)
+             .group_by(o_all.c.tenant_id, o_all.c.meter).cte("other_usage"))
+    same = and_(other.c.tenant_id == sent.c.tenant_id, other.c.meter == sent.c.meter)
+    zero = sql_cast(literal_column("0"), BigInteger)
+    with_sent = select(
+        sent.c.tenant_id, sent.c.meter, sent.c.sent_events, sent.c.sent_units,
+        *[func.coalesce(other.c[f"{st}_{w}"], zero).label(f"{st}_{w}")
+          for st in UNSENT for w in ("events", "units")]
+    ).select_from(sent.outerjoin(other, same))
+    only_other = select(
+        other.c.tenant_id, other.c.meter, zero.label("sent_events"), zero.label("sent_units"),
+        *[other.c[f"{st}_{w}"] for st in UNSENT for w in ("events", "units")]
+    ).where(~select(sent.c.tenant_id).where(same).exists())
+    rows = union_all(with_sent, only_other).subquery()
+    return (select(rows, TENANTS.c.name, TENANTS.c.stripe_customer_id)
+            .select_from(rows.outerjoin(TENANTS, TENANTS.c.tenant_id == rows.c.tenant_id)))
 
 
 def _columns() -> list[str]:
@@ -173,12 +211,11 @@ def _row(m: Any) -> UsageRow:
     return r
 
 
-def _total(m: Any, prefix: str) -> UsageRow:
+def _total(m: Any) -> UsageRow:
     r = UsageRow("", "")
-    if m is not None:
-        for s in USAGE_STATUSES:
-            r.events[s] = int(m[f"{prefix}{s}_events"] or 0)
-            r.quantity[s] = int(m[f"{prefix}{s}_units"] or 0)
+    for s in USAGE_STATUSES:
+        r.events[s] = int(m[f"{s}_events"] or 0)
+        r.quantity[s] = int(m[f"{s}_units"] or 0)
     return r
 
 
@@ -195,6 +232,10 @@ def tenants_page(engine: Engine, query: UsageQuery, *, now: datetime,
     """The tenants page, in one snapshot: a page of the period's usage, the tenants waiting
     longest for a customer (and how many wait), and how fresh the rollups are."""
     with reading(engine) as conn:
+        if conn.dialect.name == "postgresql":
+            # The table's statement is planned above PostgreSQL's JIT threshold at 100,000
+            # tenants; compiling it took 60-140 ms of a page, more than it saved.
+            conn.exec_driver_sql("SET LOCAL jit = off")
         table = usage_table(conn, query)
         unmapped, total = waiting_for_customer(conn)
         return TenantsPage(table, unmapped, total,
@@ -203,34 +244,41 @@ def tenants_page(engine: Engine, query: UsageQuery, *, now: datetime,
 
 def usage_table(conn: Connection, query: UsageQuery) -> UsageTable:
     """One page of the period's usage, sorted and filtered by ``query``, with the totals of
-    the whole period and of the matching rows (window sums over every row, read in the
-    same pass as the page). Raises ``ValueError`` for a period that ends before it starts,
-    an unknown sort or filter."""
+    the whole period and of the matching rows, in one statement: the rows per tenant and
+    meter are computed once (a materialised CTE), then read three times (the page, the
+    period's totals, the matching rows' totals). Raises ``ValueError`` for a period that
+    ends before it starts, an unknown sort or filter."""
     if query.sort not in SORTS or (query.only and query.only not in ONLY):
         raise ValueError("unknown sort or filter")
-    per = _per_row(conn, query.start, query.end)
-    everyone = [func.count().over().label("all_rows")] + [
-        func.sum(per.c[c]).over().label(f"all_{c}") for c in _columns()]
-    u = select(per, *everyone).subquery()
-    matching = [func.count().over().label("matching")] + [
-        func.sum(u.c[c]).over().label(f"m_{c}") for c in _columns()]
-    key = _sort_key(u, query.sort)
+    per = _per_row(conn, query.start, query.end).cte("usage_rows")
+    key = _sort_key(per, query.sort)
+    where = _filter(per, query)
+    figures = [per.c[c] for c in _columns()]
+    sums = [int_sum(per.c[c]).label(c) for c in _columns()]
+    none = [null().label(c) for c in ("sort_key", "tenant_id", "meter", "name",
+                                       "stripe_customer_id")]
     order = [key.desc() if query.descending else key.asc()]
     if query.sort != "tenant":
-        order.append(u.c.tenant_id.asc())
-    order.append(u.c.meter.asc())
-    stmt = select(u, *matching).where(*_filter(u, query)).order_by(*order)
-    got = conn.execute(stmt.limit(query.per_page)
-                       .offset((query.page - 1) * query.per_page)).mappings().all()
-    first = got[0] if got else None
-    if first is None and query.page > 1:      # past the last page: still say the totals
-        first = conn.execute(stmt.limit(1)).mappings().first()
-    if first is None:                          # nothing matches: the period's totals
-        first = conn.execute(select(u).limit(1)).mappings().first()
-        return UsageTable(query, [], int(first["all_rows"]) if first else 0, 0,
-                          _total(first, "all_"), UsageRow("", ""))
-    return UsageTable(query, [_row(m) for m in got], int(first["all_rows"]),
-                      int(first["matching"]), _total(first, "all_"), _total(first, "m_"))
+        order.append(per.c.tenant_id.asc())
+    order.append(per.c.meter.asc())
+    page = (select(literal(2).label("part"), key.label("sort_key"), per.c.tenant_id,
+                   per.c.meter, per.c.name, per.c.stripe_customer_id,
+                   sql_cast(null(), BigInteger).label("n"), *figures)
+            .where(*where).order_by(*order).limit(query.per_page)
+            .offset((query.page - 1) * query.per_page).subquery())
+    # The page first: its columns' types are the union's (PostgreSQL types the NULLs of the
+    # totals' rows from it).
+    parts = union_all(
+        select(page),
+        select(literal(0).label("part"), *none, func.count().label("n"), *sums),
+        select(literal(1).label("part"), *none, func.count().label("n"), *sums).where(*where),
+    ).subquery()
+    got = conn.execute(select(parts).order_by(
+        parts.c.part, parts.c.sort_key.desc() if query.descending else parts.c.sort_key.asc(),
+        parts.c.tenant_id, parts.c.meter)).mappings().all()
+    everything, matching, rows = got[0], got[1], got[2:]
+    return UsageTable(query, [_row(m) for m in rows], int(everything["n"]), int(matching["n"]),
+                      _total(everything), _total(matching))
 
 
 def usage_rows_streamed(engine: Engine, *, start: date, end: date,
@@ -240,7 +288,7 @@ def usage_rows_streamed(engine: Engine, *, start: date, end: date,
     a period that ends before it starts (when first advanced)."""
     _bounds(start, end)
     with reading(engine) as conn:
-        per = _per_row(conn, start, end, tenant_id)
+        per = _per_row(conn, start, end, tenant_id).subquery()
         result = conn.execution_options(stream_results=True, yield_per=1000).execute(
             select(per).order_by(per.c.tenant_id, per.c.meter))
         for m in result.mappings():
