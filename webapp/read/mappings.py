@@ -118,12 +118,12 @@ def mappings_page(engine: Engine, query: MappingQuery) -> MappingsPage:
 def waiting_for_customer(conn: Connection,
                          shown: int = UNMAPPED_SHOWN) -> tuple[list[UnmappedTenant], int]:
     """The ``shown`` tenants with the most events waiting for a customer, and how many
-    tenants wait in all (counted only when there are more than ``shown``)."""
+    tenants wait in all (in the same pass: the count is a window over every group)."""
     waiting = _waiting_unmapped()
-    first = _unmapped(conn.execute(select(waiting).order_by(
-        waiting.c.n.desc(), waiting.c.tenant_id).limit(shown)).mappings())
-    total = len(first) if len(first) < shown else int(
-        conn.execute(select(func.count()).select_from(waiting)).scalar_one())
+    rows = conn.execute(select(waiting, func.count().over().label("total")).order_by(
+        waiting.c.n.desc(), waiting.c.tenant_id).limit(shown)).mappings().all()
+    first = _unmapped(rows)
+    total = int(rows[0]["total"]) if rows else 0
     return first, total
 
 
