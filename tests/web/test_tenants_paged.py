@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from sqlalchemy import event, insert
 
-from webapp.models import OutboxEvent, SentUsageRollup, Tenant
+from webapp.models import OutboxEvent, SentUsageMonthly, SentUsageRollup, Tenant
 from webapp.read import tenants as reads
 from webapp.read.usage_table import PER_PAGE, UsageQuery, usage_table
 
@@ -66,6 +66,10 @@ def load(engine: Any, n: int, now: datetime) -> None:
     with engine.begin() as conn:
         conn.execute(insert(Tenant.__table__), tenants)
         conn.execute(insert(SentUsageRollup.__table__), rollup)
+        # the monthly rollup holds the same (a whole month's period reads it)
+        conn.execute(insert(SentUsageMonthly.__table__),
+                     [{k: v for k, v in r.items() if k != "day"} | {"month": day[:7]}
+                      for r in rollup])
         conn.execute(insert(T), events)
 
 
@@ -310,3 +314,53 @@ def test_every_tenant_waiting_for_a_customer_a_page_at_a_time(client_as, engine,
     assert "map it" in page
     tenants_page = client.get("/tenants").get_data(as_text=True)
     assert re.search(r'id="waiting-more"><a href="/mappings\?show=waiting">', tenants_page)
+
+
+def _as_dicts(rows: list[reads.UsageRow]) -> list[tuple[Any, ...]]:
+    return [(r.tenant_id, r.meter, r.name, r.stripe_customer_id, r.events, r.quantity)
+            for r in rows]
+
+
+@pytest.mark.parametrize("run", range(2))
+def test_the_paged_table_and_the_file_equal_usage_in_after_a_random_history(
+        engine, seed, run) -> None:
+    """Sent, folded by day and by month, cancelled, resolved, pruned: whatever happened, the
+    page's rows, its totals and the file's rows are ``usage_in``'s (the ``usage`` command's
+    and the tenant page's numbers), for whole months and ragged periods alike."""
+    import random
+    from datetime import timedelta
+
+    from outbox.test_retention import RETENTION, TENANTS, World
+
+    from webapp.models import utcnow
+    from webapp.read.usage_table import usage_rows_streamed
+
+    rng = random.Random(4200 + run)
+    start = utcnow().replace(microsecond=0) - timedelta(days=120)
+    for t in TENANTS:
+        seed.tenant(t, f"cus_{t}")
+    world = World(engine, seed, rng, start)
+    steps = [world.enqueue, world.drain, world.fold, world.cancel, world.resolve,
+             world.later, world.later, world.prune]
+    for _ in range(12):
+        rng.choice(steps)()
+    world.t += timedelta(days=RETENTION + 2)   # and a prune that removes every terminal row
+    world.fold()
+    world.prune()
+    assert world.pruned > 0
+    first = (start - timedelta(days=31)).date()
+    last = world.t.date()
+    mid = first + timedelta(days=(last - first).days // 2)
+    periods = [(first, last), (mid.replace(day=1), last), (mid, last),
+               (mid.replace(day=1), (mid.replace(day=28) + timedelta(days=4)).replace(day=1)
+                - timedelta(days=1))]
+    for a, b in periods:
+        want = reads.tenant_usage(engine, start=a, end=b).rows
+        with engine.connect() as conn:
+            table = usage_table(conn, UsageQuery(a, b, per_page=100_000))
+        assert _as_dicts(table.rows) == _as_dicts(want), (a, b)
+        assert table.period_rows == table.matching == len(want)
+        for s in reads.USAGE_STATUSES:
+            assert table.period_total.events[s] == sum(r.events[s] for r in want)
+            assert table.period_total.quantity[s] == sum(r.quantity[s] for r in want)
+        assert _as_dicts(list(usage_rows_streamed(engine, start=a, end=b))) == _as_dicts(want)

@@ -38,6 +38,8 @@ from ..outbox.rollups import SENT_USAGE, Mark, live_sent, read_mark
 from ..outbox.sql import (
     IDLE_UNSENT,
     IN_FLIGHT,
+    PRUNED_ROLLUP,
+    SENT_MONTHLY,
     SENT_ROLLUP,
     TENANTS,
     T,
@@ -49,7 +51,7 @@ from ..outbox.sql import (
 from .counts import Freshness, UnmappedTenant, rollup_freshness
 from .mappings import waiting_for_customer
 from .search import prefix_range
-from .tenants import USAGE_STATUSES, UsageRow
+from .tenants import PRUNED_APART, USAGE_STATUSES, UsageRow, split_months
 
 #: The orders the table can be sorted in: key -> what it sorts by (ties: tenant, then meter).
 SORTS = ("tenant", "sent_units", "sent_events", "waiting_events", "dead_events")
@@ -103,25 +105,27 @@ def _bounds(start: date, end: date) -> tuple[datetime, datetime]:
 def usage_pieces(mark: Mark, start: date, end: date,
                  tenant_id: str | None = None) -> tuple[list[Any], list[Any]]:
     """Every source of the period's usage, the way ``usage_in`` reads them, each summed per
-    tenant and meter: sent (``(tenant_id, meter, events, quantity)`` selects: the rollup
-    plus the rows past its mark), and the other statuses (``(tenant_id, meter, status,
-    events, quantity)``: through ``ix_outbox_unsent``, events in flight as pending)."""
+    tenant and meter: sent (``(tenant_id, meter, events, quantity)`` selects: whole months
+    from the monthly rollup, the days around them from the daily one, plus the rows past
+    its mark), and the other statuses (``(tenant_id, meter, status, events, quantity)``:
+    through ``ix_outbox_unsent``, events in flight as pending, pruned resolved and
+    cancelled events from the pruned-usage rollup)."""
     lo, hi = _bounds(start, end)
     span = [T.c.occurred_at >= lo, T.c.occurred_at < hi]
-    folded = [SENT_ROLLUP.c.day >= start.isoformat(), SENT_ROLLUP.c.day <= end.isoformat()]
     if tenant_id is not None:
         span.append(T.c.tenant_id == tenant_id)
-        folded.append(SENT_ROLLUP.c.tenant_id == tenant_id)
     unsent = status_in(tuple(s for s in USAGE_STATUSES if s != "sent"))
-    sent = [
-        select(SENT_ROLLUP.c.tenant_id, SENT_ROLLUP.c.meter,
-               int_sum(SENT_ROLLUP.c.events).label("events"),
-               int_sum(SENT_ROLLUP.c.quantity).label("quantity"))
-        .where(*folded).group_by(SENT_ROLLUP.c.tenant_id, SENT_ROLLUP.c.meter),
-        select(T.c.tenant_id, T.c.meter, func.count().label("events"),
-               int_sum(T.c.quantity).label("quantity"))
-        .where(live_sent(mark), *span).group_by(T.c.tenant_id, T.c.meter),
-    ]
+    months, days = split_months(start, end)
+    sent: list[Any] = []
+    if months is not None:         # whole months: a row per tenant and meter and month
+        sent.append(_summed(SENT_MONTHLY, SENT_MONTHLY.c.month >= months[0],
+                            SENT_MONTHLY.c.month <= months[1], tenant_id=tenant_id))
+    for first, last in days:       # the days around them
+        sent.append(_summed(SENT_ROLLUP, SENT_ROLLUP.c.day >= first.isoformat(),
+                            SENT_ROLLUP.c.day <= last.isoformat(), tenant_id=tenant_id))
+    sent.append(select(T.c.tenant_id, T.c.meter, func.count().label("events"),
+                       int_sum(T.c.quantity).label("quantity"))
+                .where(live_sent(mark), *span).group_by(T.c.tenant_id, T.c.meter))
     other = [
         select(T.c.tenant_id, T.c.meter, T.c.status, func.count().label("events"),
                int_sum(T.c.quantity).label("quantity"))
@@ -130,7 +134,28 @@ def usage_pieces(mark: Mark, start: date, end: date,
                func.count().label("events"), int_sum(T.c.quantity).label("quantity"))
         .where(IN_FLIGHT, *span).group_by(T.c.tenant_id, T.c.meter),
     ]
-    return sent, other
+    # Resolved and cancelled events past retention, from the pruned-usage rollup (pruned
+    # sent events stay in the sent rollups, read above).
+    pruned = (select(PRUNED_ROLLUP.c.tenant_id, PRUNED_ROLLUP.c.meter, PRUNED_ROLLUP.c.status,
+                     int_sum(PRUNED_ROLLUP.c.events).label("events"),
+                     int_sum(PRUNED_ROLLUP.c.quantity).label("quantity"))
+              .where(PRUNED_ROLLUP.c.day >= start.isoformat(),
+                     PRUNED_ROLLUP.c.day <= end.isoformat(),
+                     PRUNED_ROLLUP.c.status.in_([sql_str(s) for s in PRUNED_APART]))
+              .group_by(PRUNED_ROLLUP.c.tenant_id, PRUNED_ROLLUP.c.meter,
+                        PRUNED_ROLLUP.c.status))
+    if tenant_id is not None:
+        pruned = pruned.where(PRUNED_ROLLUP.c.tenant_id == tenant_id)
+    return sent, other + [pruned]
+
+
+def _summed(table: Any, *where: Any, tenant_id: str | None) -> Any:
+    """A sent rollup's events and units per tenant and meter, over the rows ``where``."""
+    if tenant_id is not None:
+        where = (*where, table.c.tenant_id == tenant_id)
+    return (select(table.c.tenant_id, table.c.meter, int_sum(table.c.events).label("events"),
+                   int_sum(table.c.quantity).label("quantity"))
+            .where(*where).group_by(table.c.tenant_id, table.c.meter))
 
 
 #: The statuses other than sent, in the table's order.
