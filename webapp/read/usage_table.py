@@ -209,9 +209,16 @@ def _columns() -> list[str]:
     return [f"{s}_{what}" for s in USAGE_STATUSES for what in ("events", "units")]
 
 
-def _sort_key(u: Any, sort: str) -> ColumnElement[Any]:
+def _bytewise(conn: Connection, column: Any) -> Any:
+    """``column`` compared byte by byte on PostgreSQL (the ``"C"`` collation), as SQLite and
+    Python (``usage_in``) order text: the same order everywhere, and at 100,000 tenants
+    several times cheaper than the locale's rules."""
+    return column.collate("C") if conn.dialect.name == "postgresql" else column
+
+
+def _sort_key(u: Any, sort: str, conn: Connection) -> ColumnElement[Any]:
     if sort == "tenant":
-        return u.c.tenant_id  # type: ignore[no-any-return]
+        return _bytewise(conn, u.c.tenant_id)  # type: ignore[no-any-return]
     if sort == "waiting_events":
         return u.c.pending_events + u.c.retrying_events  # type: ignore[no-any-return]
     return u.c[sort]  # type: ignore[no-any-return]
@@ -265,6 +272,8 @@ def tenants_page(engine: Engine, query: UsageQuery, *, now: datetime,
             # The table's statement is planned above PostgreSQL's JIT threshold at 100,000
             # tenants; compiling it took 60-140 ms of a page, more than it saved.
             conn.exec_driver_sql("SET LOCAL jit = off")
+            # Its sorts and hashes of 100,000 rows fit in 32 MB, not the default 4 MB.
+            conn.exec_driver_sql("SET LOCAL work_mem = '32MB'")
         table = usage_table(conn, query)
         unmapped, total = waiting_for_customer(conn)
         return TenantsPage(table, unmapped, total,
@@ -283,7 +292,7 @@ def usage_table(conn: Connection, query: UsageQuery) -> UsageTable:
     # for every row (at 100,000 tenants the join of every row cost a third of the page).
     names = bool(query.text) or query.only == "unmapped"
     per = _per_row(conn, query.start, query.end, names=names).cte("usage_rows")
-    key = _sort_key(per, query.sort)
+    key = _sort_key(per, query.sort, conn)
     where = _filter(per, query)
     figures = [per.c[c] for c in _columns()]
     sums = [int_sum(per.c[c]).label(c) for c in _columns()]
@@ -291,8 +300,8 @@ def usage_table(conn: Connection, query: UsageQuery) -> UsageTable:
                                        "stripe_customer_id")]
     order = [key.desc() if query.descending else key.asc()]
     if query.sort != "tenant":
-        order.append(per.c.tenant_id.asc())
-    order.append(per.c.meter.asc())
+        order.append(_bytewise(conn, per.c.tenant_id).asc())
+    order.append(_bytewise(conn, per.c.meter).asc())
     named = [per.c.name, per.c.stripe_customer_id] if names else []
     page = (select(literal(2).label("part"), key.label("sort_key"), per.c.tenant_id,
                    per.c.meter, *named, sql_cast(null(), BigInteger).label("n"), *figures)
@@ -311,9 +320,10 @@ def usage_table(conn: Connection, query: UsageQuery) -> UsageTable:
         select(literal(0).label("part"), *none, func.count().label("n"), *sums),
         select(literal(1).label("part"), *none, func.count().label("n"), *sums).where(*where),
     ).subquery()
+    last = _bytewise(conn, parts.c.sort_key) if query.sort == "tenant" else parts.c.sort_key
     got = conn.execute(select(parts).order_by(
-        parts.c.part, parts.c.sort_key.desc() if query.descending else parts.c.sort_key.asc(),
-        parts.c.tenant_id, parts.c.meter)).mappings().all()
+        parts.c.part, last.desc() if query.descending else last.asc(),
+        _bytewise(conn, parts.c.tenant_id), _bytewise(conn, parts.c.meter))).mappings().all()
     everything, matching, rows = got[0], got[1], got[2:]
     return UsageTable(query, [_row(m) for m in rows], int(everything["n"]), int(matching["n"]),
                       _total(everything), _total(matching))
@@ -328,7 +338,7 @@ def usage_rows_streamed(engine: Engine, *, start: date, end: date,
     with reading(engine) as conn:
         per = _per_row(conn, start, end, tenant_id).subquery()
         result = conn.execution_options(stream_results=True, yield_per=1000).execute(
-            select(per).order_by(per.c.tenant_id, per.c.meter))
+            select(per).order_by(_bytewise(conn, per.c.tenant_id), _bytewise(conn, per.c.meter)))
         for m in result.mappings():
             yield _row(m)
 
