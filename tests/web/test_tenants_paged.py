@@ -364,3 +364,40 @@ def test_the_paged_table_and_the_file_equal_usage_in_after_a_random_history(
             assert table.period_total.events[s] == sum(r.events[s] for r in want)
             assert table.period_total.quantity[s] == sum(r.quantity[s] for r in want)
         assert _as_dicts(list(usage_rows_streamed(engine, start=a, end=b))) == _as_dicts(want)
+
+
+def test_part_of_a_month_reads_the_monthly_row_only_when_the_rest_is_empty(engine) -> None:
+    """"This month so far" is the month's row when nothing occurred after the period's end
+    (one row per tenant instead of one per day); otherwise the days are read one by one."""
+    from datetime import date
+
+    from webapp.read.usage_table import _months_and_days
+
+    rows = [dict(day=d, tenant_id="a", meter="m", events=1, quantity=10)
+            for d in ("2026-10-30", "2026-11-01", "2026-11-05", "2026-11-20")]
+    with engine.begin() as conn:
+        conn.execute(insert(SentUsageRollup.__table__), rows)
+        conn.execute(insert(SentUsageMonthly.__table__), [
+            dict(month="2026-10", tenant_id="a", meter="m", events=1, quantity=10),
+            dict(month="2026-11", tenant_id="a", meter="m", events=3, quantity=30)])
+    with engine.connect() as conn:
+        assert _months_and_days(conn, date(2026, 11, 1), date(2026, 11, 25)) == (["2026-11"], [])
+        assert _months_and_days(conn, date(2026, 11, 1), date(2026, 11, 10)) == (
+            [], [(date(2026, 11, 1), date(2026, 11, 10))])
+        # nothing in October before the 15th: the month's row stands for its second half
+        assert _months_and_days(conn, date(2026, 10, 15), date(2026, 11, 30)) == (
+            ["2026-11", "2026-10"], [])
+        assert _months_and_days(conn, date(2026, 10, 2), date(2026, 11, 25)) == (
+            ["2026-10", "2026-11"], [])
+        assert _months_and_days(conn, date(2026, 10, 31), date(2026, 11, 19)) == (
+            [], [(date(2026, 10, 31), date(2026, 10, 31)), (date(2026, 11, 1),
+                                                           date(2026, 11, 19))])
+        assert _months_and_days(conn, date(2026, 11, 2), date(2026, 12, 3)) == (
+            ["2026-12"], [(date(2026, 11, 2), date(2026, 11, 30))])
+    for a, b, sent in ((date(2026, 11, 1), date(2026, 11, 25), 30),
+                       (date(2026, 11, 1), date(2026, 11, 10), 20),
+                       (date(2026, 10, 31), date(2026, 11, 19), 20)):
+        with engine.connect() as conn:
+            table = usage_table(conn, UsageQuery(a, b))
+        assert table.period_total.quantity["sent"] == sent == reads.tenant_usage(
+            engine, start=a, end=b).rows[0].quantity["sent"]

@@ -34,7 +34,7 @@ from sqlalchemy import (
 from sqlalchemy import cast as sql_cast
 
 from ..db import reading
-from ..outbox.rollups import SENT_USAGE, Mark, live_sent, read_mark
+from ..outbox.rollups import SENT_USAGE, live_sent, read_mark
 from ..outbox.sql import (
     IDLE_UNSENT,
     IN_FLIGHT,
@@ -102,7 +102,7 @@ def _bounds(start: date, end: date) -> tuple[datetime, datetime]:
     return lo, datetime(end.year, end.month, end.day, tzinfo=UTC) + timedelta(days=1)
 
 
-def usage_pieces(mark: Mark, start: date, end: date,
+def usage_pieces(conn: Connection, start: date, end: date,
                  tenant_id: str | None = None) -> tuple[list[Any], list[Any]]:
     """Every source of the period's usage, the way ``usage_in`` reads them, each summed per
     tenant and meter: sent (``(tenant_id, meter, events, quantity)`` selects: whole months
@@ -115,12 +115,13 @@ def usage_pieces(mark: Mark, start: date, end: date,
     if tenant_id is not None:
         span.append(T.c.tenant_id == tenant_id)
     unsent = status_in(tuple(s for s in USAGE_STATUSES if s != "sent"))
-    months, days = split_months(start, end)
+    mark = read_mark(conn, SENT_USAGE)
+    months, days = _months_and_days(conn, start, end)
     sent: list[Any] = []
-    if months is not None:         # whole months: a row per tenant and meter and month
-        sent.append(_summed(SENT_MONTHLY, SENT_MONTHLY.c.month >= months[0],
-                            SENT_MONTHLY.c.month <= months[1], tenant_id=tenant_id))
-    for first, last in days:       # the days around them
+    if months:                     # a row per tenant and meter and month
+        sent.append(_summed(SENT_MONTHLY, SENT_MONTHLY.c.month.in_(months),
+                            tenant_id=tenant_id))
+    for first, last in days:       # the other days, a row per tenant and meter and day
         sent.append(_summed(SENT_ROLLUP, SENT_ROLLUP.c.day >= first.isoformat(),
                             SENT_ROLLUP.c.day <= last.isoformat(), tenant_id=tenant_id))
     sent.append(select(T.c.tenant_id, T.c.meter, func.count().label("events"),
@@ -149,6 +150,44 @@ def usage_pieces(mark: Mark, start: date, end: date,
     return sent, other + [pruned]
 
 
+def _months_and_days(conn: Connection, start: date,
+                     end: date) -> tuple[list[str], list[tuple[date, date]]]:
+    """The months (``YYYY-MM``) whose monthly rollup row can stand for days ``start``…``end``,
+    and the stretches of days that must be read day by day. Whole months can (as
+    ``split_months`` says); so can part of a month when the daily rollup holds nothing for
+    the rest of that month, as for "this month so far": nothing has occurred after today
+    (one probe of the daily rollup's key each). At 100,000 tenants on the 30th, this month
+    is then 100,000 rows to sum instead of 3,000,000."""
+    whole, stretches = split_months(start, end)
+    months: list[str] = []
+    if whole is not None:
+        first = date.fromisoformat(whole[0] + "-01")
+        while first.isoformat()[:7] <= whole[1]:
+            months.append(first.isoformat()[:7])
+            first = _next_month(first)
+    days: list[tuple[date, date]] = []
+    for a, b in stretches:
+        while a <= b:              # each stretch month by month
+            month_first = a.replace(day=1)
+            month_last = _next_month(a) - timedelta(days=1)
+            last = min(b, month_last)
+            rest = conn.execute(select(SENT_ROLLUP.c.day).where(or_(
+                and_(SENT_ROLLUP.c.day >= month_first.isoformat(),
+                     SENT_ROLLUP.c.day < a.isoformat()),
+                and_(SENT_ROLLUP.c.day > last.isoformat(),
+                     SENT_ROLLUP.c.day <= month_last.isoformat()))).limit(1)).first()
+            if rest is None:
+                months.append(a.isoformat()[:7])
+            else:
+                days.append((a, last))
+            a = last + timedelta(days=1)
+    return months, days
+
+
+def _next_month(d: date) -> date:
+    return (d.replace(day=28) + timedelta(days=4)).replace(day=1)
+
+
 def _summed(table: Any, *where: Any, tenant_id: str | None) -> Any:
     """A sent rollup's events and units per tenant and meter, over the rows ``where``."""
     if tenant_id is not None:
@@ -172,8 +211,7 @@ def _per_row(conn: Connection, start: date, end: date, tenant_id: str | None = N
     two sums; the other statuses (a few rows) are spread into their columns apart; the two
     are joined (a left join, plus the tenants with no sent usage: no FULL JOIN, which
     SQLite before 3.39 lacks)."""
-    sent_pieces, other_pieces = usage_pieces(read_mark(conn, SENT_USAGE), start, end,
-                                             tenant_id)
+    sent_pieces, other_pieces = usage_pieces(conn, start, end, tenant_id)
     s_all = union_all(*sent_pieces).subquery()
     sent = (select(s_all.c.tenant_id, s_all.c.meter,
                    int_sum(s_all.c.events).label("sent_events"),
