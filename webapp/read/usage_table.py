@@ -3,10 +3,13 @@ and filtered in the database, with the period's totals; and every row of it for 
 streamed.
 
 The numbers are :func:`webapp.read.tenants.usage_in`'s, computed in SQL rather than in Python:
-the same sources (:func:`usage_pieces`: the sent rollup, the sent rows past its mark, the
-unsent rows, the rows in flight as pending) summed per tenant × meter, then per status. At
-100,000 tenants the page reads every row of the period once (the totals need them all) and
-sends 50 to the browser; no statement carries one parameter per tenant.
+the same sources (:func:`usage_pieces`: the sent rollups, by month where a month's row can
+stand for the period's days and by day elsewhere, the sent rows past their mark, the unsent
+rows, the rows in flight as pending, the pruned-usage rollup) summed per tenant × meter, then
+per status. At 100,000 tenants the page reads every row of the period once (the totals need
+them all) and sends 50 to the browser; no statement carries one parameter per tenant. When
+``usage_in`` gains a source, :func:`usage_pieces` must gain it too (the random-history test in
+``tests/web/test_tenants_paged.py`` compares the two).
 """
 
 from __future__ import annotations
