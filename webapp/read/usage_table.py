@@ -210,15 +210,16 @@ def _per_row(conn: Connection, start: date, end: date, tenant_id: str | None = N
     (``<status>_events``, ``<status>_units``), with the tenant's name and customer (unless
     not ``names``).
 
-    Sent usage (a row per tenant and meter and day or month in the rollups: the bulk) is
-    summed with two sums; the other statuses (a few rows) are spread into their columns
-    apart; then the two are put side by side."""
+    Sent usage (a row per tenant and meter and day in the rollup: the bulk) is summed with
+    two sums; the other statuses (a few rows) are spread into their columns apart; the two
+    are joined (a left join, plus the tenants with no sent usage: no FULL JOIN, which
+    SQLite before 3.39 lacks)."""
     sent_pieces, other_pieces = usage_pieces(conn, start, end, tenant_id)
     s_all = union_all(*sent_pieces).subquery()
     sent = (select(s_all.c.tenant_id, s_all.c.meter,
                    int_sum(s_all.c.events).label("sent_events"),
                    int_sum(s_all.c.quantity).label("sent_units"))
-            .group_by(s_all.c.tenant_id, s_all.c.meter).subquery())
+            .group_by(s_all.c.tenant_id, s_all.c.meter).cte("sent_usage"))
     o_all = union_all(*other_pieces).subquery()
     spread = []
     for st in UNSENT:
@@ -226,23 +227,21 @@ def _per_row(conn: Connection, start: date, end: date, tenant_id: str | None = N
         spread += [int_sum(case((mine, o_all.c.events), else_=0)).label(f"{st}_events"),
                    int_sum(case((mine, o_all.c.quantity), else_=0)).label(f"{st}_units")]
     other = (select(o_all.c.tenant_id, o_all.c.meter, *spread)
-             .group_by(o_all.c.tenant_id, o_all.c.meter).subquery())
+             .group_by(o_all.c.tenant_id, o_all.c.meter).cte("other_usage"))
+    same = and_(other.c.tenant_id == sent.c.tenant_id, other.c.meter == sent.c.meter)
     zero = sql_cast(literal_column("0"), BigInteger)
-    unsent = [f"{st}_{w}" for st in UNSENT for w in ("events", "units")]
-    both = union_all(
-        select(sent.c.tenant_id, sent.c.meter, sent.c.sent_events, sent.c.sent_units,
-               *[zero.label(c) for c in unsent]),
-        select(other.c.tenant_id, other.c.meter, zero.label("sent_events"),
-               zero.label("sent_units"), *[other.c[c] for c in unsent])).subquery()
-    # At most one row of each per tenant and meter, every figure 0 in the other: max()
-    # joins them (a hash of 8-byte integers; sum() of them works in numeric, and a join
-    # sorted the 100,000 rows by tenant twice).
-    merged = select(both.c.tenant_id, both.c.meter,
-                    *[func.max(both.c[c]).label(c) for c in _columns()]
-                    ).group_by(both.c.tenant_id, both.c.meter)
+    with_sent = select(
+        sent.c.tenant_id, sent.c.meter, sent.c.sent_events, sent.c.sent_units,
+        *[func.coalesce(other.c[f"{st}_{w}"], zero).label(f"{st}_{w}")
+          for st in UNSENT for w in ("events", "units")]
+    ).select_from(sent.outerjoin(other, same))
+    only_other = select(
+        other.c.tenant_id, other.c.meter, zero.label("sent_events"), zero.label("sent_units"),
+        *[other.c[f"{st}_{w}"] for st in UNSENT for w in ("events", "units")]
+    ).where(~select(sent.c.tenant_id).where(same).exists())
     if not names:
-        return merged
-    rows = merged.subquery()
+        return union_all(with_sent, only_other)
+    rows = union_all(with_sent, only_other).subquery()
     return (select(rows, TENANTS.c.name, TENANTS.c.stripe_customer_id)
             .select_from(rows.outerjoin(TENANTS, TENANTS.c.tenant_id == rows.c.tenant_id)))
 
