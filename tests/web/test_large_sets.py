@@ -60,7 +60,8 @@ def test_the_helpers_bind_one_parameter_for_any_number_of_values(engine: Engine)
 
 def test_the_tenants_page_of_more_tenants_than_bind_parameters(pg_url: str, pg: Engine
                                                                ) -> None:
-    """The usage table names every tenant with events in the period: 70,000 of them."""
+    """The usage file names every tenant with events in the period, 70,000 of them; the
+    page shows a page of them, and finds any one."""
     _seed_tenants(pg, MANY)
     app = create_app({"TESTING": True}, settings=make_settings(pg_url), engine=pg,
                      start_drainer=False)
@@ -73,5 +74,8 @@ def test_the_tenants_page_of_more_tenants_than_bind_parameters(pg_url: str, pg: 
     # the period, "generated at", an empty line, the header, a row per tenant, the totals
     assert len(lines) == 4 + MANY + 1 and lines[4].startswith('"t1","","cus_1","api_requests"')
     assert lines[2] == "" and lines[3].startswith('"Tenant",') and lines[-1].startswith('"Total"')
-    page: Any = client.get("/tenants", headers={"HX-Request": "true"})
+    page: Any = client.get("/tenants?q=t69999", headers={"HX-Request": "true"})
     assert page.status_code == 200 and "cus_69999" in page.get_data(as_text=True)
+    assert "1 of 70,000 tenant × meter rows match" in page.get_data(as_text=True)
+    mappings: Any = client.get("/mappings?q=t69999")
+    assert mappings.status_code == 200 and "cus_69999" in mappings.get_data(as_text=True)

@@ -1,5 +1,6 @@
-"""The Tenants & usage page, a tenant's own page, and the mappings page: usage per tenant and
-meter for a period, a tenant's events, and who is billed to which Stripe customer."""
+"""Usage per tenant and meter for a period (the ``usage`` command, a tenant's own page), a
+tenant's events, and who is billed to which Stripe customer. The paged Tenants & usage table
+is ``usage_table``; the paged mappings, ``mappings``."""
 
 from __future__ import annotations
 
@@ -26,7 +27,6 @@ from ..outbox.sql import (
     status_is,
     text_in,
 )
-from .counts import Freshness, UnmappedTenant, rollup_freshness, unmapped_tenants
 from .paging import Cursor, Page, keyset
 from .series import Bucket, sent_by_occurrence_day
 
@@ -188,34 +188,6 @@ def tenants_list(conn: Connection) -> list[dict[str, Any]]:
     return [row_dict(r) for r in conn.execute(
         select(TENANTS.c.tenant_id, TENANTS.c.name, TENANTS.c.stripe_customer_id,
                TENANTS.c.updated_at).order_by(TENANTS.c.tenant_id))]
-
-
-@dataclass(frozen=True)
-class TenantsPage:
-    usage: Usage
-    unmapped: list[UnmappedTenant]
-    freshness: Freshness
-
-
-def tenants_page(engine: Engine, *, start: date, end: date, now: datetime,
-                 margin: timedelta) -> TenantsPage:
-    """The tenants page: usage for the period, the tenants waiting for a customer, and how
-    fresh the rollups are."""
-    with reading(engine) as conn:
-        return TenantsPage(usage_in(conn, start=start, end=end), unmapped_tenants(conn),
-                           rollup_freshness(conn, now=now, margin=margin))
-
-
-@dataclass(frozen=True)
-class Mappings:
-    tenants: list[dict[str, Any]]
-    unmapped: list[UnmappedTenant]
-
-
-def mappings(engine: Engine) -> Mappings:
-    """Every tenant with its Stripe customer, and the unmapped ones with waiting events."""
-    with reading(engine) as conn:
-        return Mappings(tenants_list(conn), unmapped_tenants(conn))
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import UTC, date, timedelta
 from typing import Any
 
@@ -10,12 +11,14 @@ from flask.typing import ResponseReturnValue
 
 from ..outbox.operations import set_tenant
 from ..outbox.rollups import fold_margin
+from ..read import mappings as mapping_reads
 from ..read import tenants as reads
+from ..read import usage_table as table_reads
 from ..read.paging import MAX_PAGE
 from . import charts
 from .common import csv_response, now, render, svc
 from .errors import back_to
-from .params import TENANT_MAX, Day, Text, accepts, page_fields
+from .params import TENANT_MAX, Day, Int, Text, accepts, page_fields
 from .security import current_user, require_role
 
 bp = Blueprint("tenants", __name__)
@@ -31,6 +34,18 @@ NAME = Text("name", 200, source="form")
 #: The CSV of one tenant's usage (its page's "Download CSV"); on the mappings page, the
 #: tenant id its form starts with.
 TENANT = Text("tenant", TENANT_MAX)
+#: The tenants page's table: its order, its page, and which rows (an id's start, part of a
+#: name, a customer id's start; rows with dead or waiting events, tenants without a customer).
+SORT = Text("sort", 20, choices=table_reads.SORTS, default="tenant")
+ORDER = Text("order", 4, choices=("asc", "desc"))
+PAGE = Int("page", 1, 1_000_000, default=1)
+FIND = Text("q", TENANT_MAX)
+ONLY = Text("only", 10, choices=table_reads.ONLY)
+#: The mappings page's keyset (tenant ids), and ``show=waiting``: every tenant waiting for a
+#: customer, a page at a time.
+AFTER_ID = Text("after", TENANT_MAX, strip=False)
+BEFORE_ID = Text("before", TENANT_MAX, strip=False)
+SHOW = Text("show", 10, choices=("waiting",))
 
 #: The usage table's columns, on the page and in its CSV, in the page's order: per status its
 #: units, then its events. The page shows the tenant's name under its id; the file gives it a
@@ -53,14 +68,33 @@ def _period() -> tuple[date, date]:
 
 @bp.get("/tenants")
 @require_role("viewer")
-@accepts(FROM, TO)
+@accepts(FROM, TO, SORT, ORDER, PAGE, FIND, ONLY)
 def index() -> ResponseReturnValue:
-    """Usage per tenant and meter for a period, and every tenant's mapping."""
+    """A page of the period's usage per tenant and meter (sorted and filtered in the
+    database), the period's totals, and the tenants waiting for a customer."""
     start, end = _period()
-    data = reads.tenants_page(svc().engine, start=start, end=end, now=now(),
-                              margin=fold_margin(svc().settings.claim_timeout_seconds))
-    return render("tenants/index.html", page=data, start=start, end=end,
-                  statuses=reads.USAGE_STATUSES, quick=_quick_periods())
+    sort = SORT.get()
+    # Tenants A to Z; figures largest first, unless the person asks otherwise.
+    descending = ORDER.get() == "desc" if ORDER.get() else sort != "tenant"
+    query = table_reads.UsageQuery(start, end, sort=sort, descending=descending,
+                                   text=FIND.get(), only=ONLY.get(), page=PAGE.get())
+    data = table_reads.tenants_page(svc().engine, query, now=now(),
+                                    margin=fold_margin(svc().settings.claim_timeout_seconds))
+    period = {"from": start.isoformat(), "to": end.isoformat()}
+    view = {**period, "sort": sort, "order": "desc" if descending else "asc",
+            "q": query.text, "only": query.only}
+    return render("tenants/index.html", page=data, t=data.table, start=start, end=end,
+                  statuses=reads.USAGE_STATUSES, quick=_quick_periods(), period=period,
+                  view={k: v for k, v in view.items() if v}, sorts=SORT_WORDS,
+                  only_words=ONLY_WORDS)
+
+
+#: The orders and filters of the tenants page, in words.
+SORT_WORDS = {"tenant": "Tenant id", "sent_units": "Sent units", "sent_events": "Sent events",
+              "waiting_events": "Waiting events (pending and retrying)",
+              "dead_events": "Dead events"}
+ONLY_WORDS = {"dead": "with dead events", "waiting": "with events waiting to be sent",
+              "unmapped": "without a Stripe customer"}
 
 
 def _quick_periods() -> list[tuple[str, date, date]]:
@@ -74,13 +108,19 @@ def _quick_periods() -> list[tuple[str, date, date]]:
 
 @bp.get("/mappings")
 @require_role("viewer")
-@accepts(TENANT)
+@accepts(TENANT, FIND, AFTER_ID, BEFORE_ID, SHOW)
 def mappings() -> ResponseReturnValue:
-    """Every tenant and its Stripe customer, and those waiting for one; ``tenant`` fills in
-    the mapping form (an alert's "Map the tenant")."""
-    data = reads.mappings(svc().engine)
-    return render("tenants/mappings.html", tenants=data.tenants, unmapped=data.unmapped,
-                  prefill=TENANT.get())
+    """A page of tenants and their Stripe customers (found by id, name or customer), and
+    those waiting for one; ``show=waiting`` lists every one of those a page at a time.
+    ``tenant`` fills in the mapping form (an alert's "Map the tenant")."""
+    query = mapping_reads.MappingQuery(FIND.get(), AFTER_ID.get() or None,
+                                       BEFORE_ID.get() or None)
+    if SHOW.get() == "waiting":
+        return render("tenants/waiting.html", waiting=mapping_reads.unmapped_page(
+            svc().engine, query), q=query.text, prefill=TENANT.get())
+    data = mapping_reads.mappings_page(svc().engine, query)
+    return render("tenants/mappings.html", page=data, tenants=data.tenants.rows,
+                  unmapped=data.unmapped, q=query.text, prefill=TENANT.get())
 
 
 @bp.get("/tenants.csv")
@@ -88,27 +128,34 @@ def mappings() -> ResponseReturnValue:
 @accepts(FROM, TO, TENANT)
 def export() -> ResponseReturnValue:
     """The tenants page's table as a file: the period and when it was made, then the page's
-    columns in its order, one row per tenant and meter, and its totals row."""
+    columns in its order, one row per tenant and meter (every one of them, read from the
+    database as the file is sent), and the totals row."""
     start, end = _period()
-    usage = reads.tenant_usage(svc().engine, start=start, end=end,
-                               tenant_id=TENANT.get() or None)
-    rows: list[list[Any]] = []
-    for r in usage.rows:
-        cells: list[Any] = [r.tenant_id, r.name, r.stripe_customer_id, r.meter]
-        for status in reads.USAGE_STATUSES:
-            cells += [r.quantity[status], r.events[status]]
-        rows.append(cells)
-    totals: list[Any] = ["Total", "", "", ""]
-    for status in reads.USAGE_STATUSES:
-        totals += [usage.total("quantity", status), usage.total("events", status)]
-    rows.append(totals)
+    rows = table_reads.usage_rows_streamed(svc().engine, start=start, end=end,
+                                           tenant_id=TENANT.get() or None)
     preamble = [["Period (UTC days, by when each event occurred)", start.isoformat(),
                  end.isoformat()],
                 ["Generated at (UTC)", now().astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")]]
     if TENANT.get():
         preamble.append(["Tenant", TENANT.get()])
-    return csv_response(f"usage-{start.isoformat()}-{end.isoformat()}.csv", CSV_HEADER, rows,
-                        preamble=preamble)
+    return csv_response(f"usage-{start.isoformat()}-{end.isoformat()}.csv", CSV_HEADER,
+                        _csv_rows(rows), preamble=preamble)
+
+
+def _csv_rows(rows: Iterator[reads.UsageRow]) -> Iterator[list[Any]]:
+    """Each row's cells, then the totals row (summed as the rows go by)."""
+    totals = reads.UsageRow("", "")
+    for r in rows:
+        cells: list[Any] = [r.tenant_id, r.name, r.stripe_customer_id, r.meter]
+        for status in reads.USAGE_STATUSES:
+            cells += [r.quantity[status], r.events[status]]
+            totals.quantity[status] += r.quantity[status]
+            totals.events[status] += r.events[status]
+        yield cells
+    last: list[Any] = ["Total", "", "", ""]
+    for status in reads.USAGE_STATUSES:
+        last += [totals.quantity[status], totals.events[status]]
+    yield last
 
 
 @bp.get("/tenants/<tenant:tenant_id>")
