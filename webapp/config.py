@@ -27,9 +27,11 @@ METER_EVENT_APIS = ("v1", "v2_stream")
 #: (10,000 events/s) is 1% of the stream's 10,000 requests/s in live mode, and leaves room for
 #: several workers on one account; an explicit value is kept as given in either mode.
 DEFAULT_MAX_REQUESTS_PER_SECOND = {"v1": 20.0, "v2_stream": 100.0}
-#: ``OUTBOX_BATCH_SIZE`` when unset, per API: a stream request carries up to 100 events, so a
-#: claimed batch of 1,000 fills about ten requests sent in parallel.
-DEFAULT_BATCH_SIZE = {"v1": 200, "v2_stream": 1000}
+#: ``OUTBOX_BATCH_SIZE`` when unset, per API. A stream request carries up to 100 events, so a
+#: claimed batch of 2,000 fills about twenty requests, paced by the request rate and sent
+#: ``OUTBOX_CONCURRENCY`` at a time. A pass lasts about that pacing (0.2 s at 100 requests/s)
+#: plus one request's answer; the larger the batch, the less often that wait is paid.
+DEFAULT_BATCH_SIZE = {"v1": 200, "v2_stream": 2000}
 # stripe-python's RequestsClient connect timeout; a call can take this plus the read timeout.
 CONNECT_TIMEOUT_SECONDS = 3.05
 
