@@ -8,6 +8,7 @@ The real ``stripe`` SDK (through ``StripeGateway.send_batch``) against the loopb
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
@@ -21,6 +22,7 @@ from webapp.models import DeliveryAttempt, OutboxEvent, utcnow
 from webapp.outbox import control, operations
 from webapp.outbox.states import DEAD_PAST_WINDOW
 from webapp.worker import Drainer
+from webapp.worker.breaker import CircuitBreaker
 from webapp.worker.streaming import pack
 
 from .test_delivery_outcomes import CUSTOMER, METER, Clock, enqueue, row, snapshot
@@ -249,3 +251,60 @@ def test_pack_keeps_each_lane_whole_in_one_request_or_its_own_job() -> None:
                                                                     for j in jobs[1:])
     for lane in "abcd":  # each lane in one job only
         assert sum(any(e[0] == lane for r in j for e in r) for j in jobs) == 1
+
+
+def test_a_timeout_is_unknown_for_each_and_the_same_identifiers_go_again(
+        engine: Engine, fake_stripe: FakeStripe, make_drainer: Callable[..., Drainer],
+        stream_settings: Settings) -> None:
+    drainer = make_drainer(stream_settings.with_overrides(stripe_timeout_seconds=1.0))
+    ids = enqueue_many(engine, 4, "slow")
+    fake_stripe.fail_next("slow", seconds=2.0)  # applied, answered after our timeout
+    drainer.drain_once()
+    for eid in ids:
+        r = row(engine, eid)
+        assert (r["status"], r["last_outcome"]) == ("retrying", "unknown")
+        assert r["last_error_class"] == "APIConnectionError"
+    drain_all(drainer, engine, ids)
+    assert fake_stripe.accept_count() == 4 and fake_stripe.stream_duplicates() == 4
+
+
+# -- breaker and graceful stop --------------------------------------------------------------------
+
+def test_an_outage_opens_the_breaker_after_a_few_requests_and_loses_nothing(
+        engine: Engine, fake_stripe: FakeStripe, make_drainer: Callable[..., Drainer]) -> None:
+    breaker = CircuitBreaker(window=5, min_calls=3, cooldown=0.3)
+    drainer = make_drainer(breaker=breaker)
+    ids = enqueue_many(engine, 12, "out")
+    fake_stripe.set_outage(True)
+    try:
+        for _ in range(40):
+            if breaker.state == "open":
+                break
+            drainer.drain_once()
+            drainer.stopping.wait(0.05)
+        assert breaker.state == "open"
+        assert drainer.drain_once().skipped == "circuit breaker open"
+        for eid in ids:  # refused connections: nothing left, nothing counted
+            assert row(engine, eid)["attempt_count"] == 0
+    finally:
+        fake_stripe.set_outage(False)
+    drain_all(drainer, engine, ids)
+    assert breaker.state == "closed" and fake_stripe.accept_count() == 12
+
+
+def test_a_stop_while_a_lane_is_sent_releases_its_later_requests_untouched(
+        engine: Engine, fake_stripe: FakeStripe, make_drainer: Callable[..., Drainer],
+        stream_settings: Settings) -> None:
+    drainer = make_drainer(stream_settings.with_overrides(batch_size=300))
+    ids = enqueue_many(engine, 250, "stop", tenants=1)  # one lane: three requests in turn
+    fake_stripe.set_latency(0.3)
+    timer = threading.Timer(0.15, drainer.request_stop)
+    timer.start()
+    summary = drainer.drain_once()
+    timer.join()
+    assert (summary.claimed, summary.sent, summary.released) == (250, 100, 150)
+    assert len(fake_stripe.stream_log()) == 1 and fake_stripe.accept_count() == 100
+    left = [row(engine, eid) for eid in ids if row(engine, eid)["status"] != "sent"]
+    assert len(left) == 150
+    assert {(r["status"], r["attempt_count"], r["call_count"]) for r in left} == {
+        ("pending", 0, 0)}
