@@ -8,6 +8,7 @@ The real ``stripe`` SDK (through ``StripeGateway.send_batch``) against the loopb
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -19,7 +20,7 @@ from support.fake_stripe import FakeStripe
 
 from webapp.config import Settings
 from webapp.models import DeliveryAttempt, OutboxEvent, utcnow
-from webapp.outbox import control, operations
+from webapp.outbox import claims, control, operations
 from webapp.outbox.states import DEAD_PAST_WINDOW
 from webapp.worker import Drainer
 from webapp.worker.breaker import CircuitBreaker
@@ -308,3 +309,17 @@ def test_a_stop_while_a_lane_is_sent_releases_its_later_requests_untouched(
     assert len(left) == 150
     assert {(r["status"], r["attempt_count"], r["call_count"]) for r in left} == {
         ("pending", 0, 0)}
+
+
+def test_a_claim_too_short_for_one_more_request_sends_nothing(
+        engine: Engine, fake_stripe: FakeStripe, drainer: Drainer) -> None:
+    enqueue_many(engine, 5, "short")
+    claim = claims.claim_batch(engine, worker=drainer.worker, limit=10, now=utcnow(),
+                               claim_timeout_seconds=60)
+    margin = drainer.settings.claim_safety_margin_seconds
+    short = dataclasses.replace(claim, deadline=utcnow() + timedelta(seconds=margin - 1))
+    sent = drainer.sender.send(short)
+    assert fake_stripe.stream_calls() == 0 and not any(r.attempts for r in sent.results)
+    assert sorted(i for r in sent.results for i in r.release) == sorted(
+        e.id for e in claim.events)
+    claims.release(engine, claim.token, [e.id for e in claim.events], now=utcnow())
