@@ -323,3 +323,17 @@ def test_a_claim_too_short_for_one_more_request_sends_nothing(
     assert sorted(i for r in sent.results for i in r.release) == sorted(
         e.id for e in claim.events)
     claims.release(engine, claim.token, [e.id for e in claim.events], now=utcnow())
+
+
+def test_a_400_saying_the_meter_is_missing_holds_the_event_and_releases_the_rest(
+        engine: Engine, fake_stripe: FakeStripe, drainer: Drainer) -> None:
+    ids = enqueue_many(engine, 4, "nometer")
+    before = snapshot(engine)
+    fake_stripe.fail_for("nometer-2", "400")
+    fake_stripe.poison(message=f"No such meter: no active meter has event_name '{METER}'.")
+    summary = drainer.drain_once()
+    assert (summary.claimed, summary.sent, summary.dead) == (4, 0, 0)
+    assert snapshot(engine) == before  # held for the meter, or back untouched
+    assert [a["outcome"] for a in attempts_by_event(engine)[ids[2]]] == ["meter_missing"]
+    assert all(eid not in attempts_by_event(engine) for eid in ids if eid != ids[2])
+    assert drainer.meters is not None and METER not in drainer.meters.active()

@@ -161,6 +161,7 @@ class _Run:
             log.exception("a stream request of %d events: the gateway raised", len(events))
             unknown = CallResult(Outcome.UNKNOWN, error_class=type(exc).__name__,
                                  message=str(exc)[:1000])
+            self.s.breaker.record(Outcome.UNKNOWN)
             return StreamResult((unknown,) * len(events), None)
         self.s.breaker.record(_request_outcome(result))
         return result
@@ -192,7 +193,9 @@ class _Run:
             if r.outcome is Outcome.SYSTEMIC:
                 systemic = systemic or r
             elif r.outcome is Outcome.METER_MISSING:
+                # The rest of a lane's requests are of the same meter: they wait for it too.
                 self.s.on_meter_missing(ev.meter)
+                verdict = "now" if verdict == "ok" else verdict
             elif r.outcome in (Outcome.NOT_EXECUTED, Outcome.UNKNOWN):
                 verdict = "later"
         if systemic is not None:
