@@ -71,6 +71,11 @@ FLEET_CONCURRENCY = 32
 SLOW_SHARE = 4
 MAX_RPS = 1000
 FLOOR_RATE = 500
+#: ``STRIPE_METER_EVENT_API=v2_stream`` rows, beside v1's in the same run against the same fake:
+#: one worker and ``FLEET_PROCESSES``, at this concurrency, with the batch size and request
+#: rate the mode gives by default (2,000 events, 100 requests/s).
+STREAM_CONCURRENCY = 8
+STREAM_FLOOR_RATE = 5000
 
 
 # -- the fake Stripe, as a process of its own ------------------------------------------------------
@@ -154,14 +159,15 @@ NOOP_WORKER = [sys.executable, "-m", "bench.noop_worker"]    # the same, no-op g
 def drain_with_worker(url: str, fake: FakeStripeProcess | None, expected: list[str], *,
                       env: dict[str, str], label: str, command: list[str] = WORKER,
                       attach: Callable[[int], Callable[[], None]] | None = None,
-                      processes: int = 1) -> dict[str, Any]:
+                      processes: int = 1, stream: bool = False) -> dict[str, Any]:
     """Pause, start ``processes`` workers, resume, wait until every event is sent, stop them.
     Returns rate, CPU (all workers), peak RSS (the largest), events released (claimed, then
     put back because another process held their lane) and the fake's counters; raises
     ``BenchFailure`` on any broken guarantee. Without ``fake``, ``command`` is
     ``NOOP_WORKER`` (one process) and the identifiers it was handed are checked instead of
     the fake's. ``attach(pid)`` (a profiler) is called at the resume; the function it
-    returns, once every event is sent."""
+    returns, once every event is sent. ``stream``: the workers send v2 stream requests (no v1
+    call is expected, and no identifier may reach the stream twice)."""
     from webapp.db import make_engine
     from webapp.models import utcnow
     from webapp.outbox import operations
@@ -251,11 +257,14 @@ def drain_with_worker(url: str, fake: FakeStripeProcess | None, expected: list[s
     else:
         accepted = [a["identifier"] for a in state["accepted"]]
         check_exactly_once(f"{label} (accepted by the fake)", accepted, expected)
-    if state["calls"] != n or state["duplicate_identifier_rejections"] or attempts != n:
+    # Streams: no v1 call at all, and no identifier sent to the stream twice.
+    calls = state["calls"] + (n if stream else 0)
+    doubled = state["stream_duplicates" if stream else "duplicate_identifier_rejections"]
+    if calls != n or doubled or attempts != n:
         raise BenchFailure(
-            f"{label}: {state['calls']} calls, {attempts} attempts recorded and "
-            f"{state['duplicate_identifier_rejections']} duplicate-identifier answers for "
-            f"{n} events: some event was handed over more than once")
+            f"{label}: {state['calls']} v1 calls, {attempts} attempts recorded and {doubled} "
+            f"duplicate identifiers for {n} events: some event was handed over more than once")
+    requests = state.get("stream_calls", 0)
     elapsed = (last - first).total_seconds()
     released = sum(released_in_log(lp) for lp in log_paths)
     for lp in log_paths:
@@ -266,7 +275,7 @@ def drain_with_worker(url: str, fake: FakeStripeProcess | None, expected: list[s
         "fake_cpu_per_1000": (fake_cpu1 - fake_cpu0) / n * 1000,
         "machine_busy_pct": 100 * busy_fraction(machine0, machine1),
         "hwm_mb": hwm_kb / 1024, "rss_mb": rss_kb / 1024, "threads": threads,
-        "released": released}
+        "released": released, "requests": requests}
 
 
 def released_in_log(path: Path) -> int:
@@ -327,8 +336,32 @@ def run(db: BenchDatabase, *, events: int, runs: int, log: Any = print,
                 if c in r:
                     res.fig("fleet_ratio").add(got["rate"] / r[c]["rate"])
                 r["fleet"] = got
+            r.update(_stream_runs(db, template, fake, expected, res, i, runs, log))
             res.raw.append({str(c): v for c, v in r.items()})
     return res
+
+
+def _stream_runs(db: BenchDatabase, template: Any, fake: FakeStripeProcess,
+                 expected: list[str], res: E2EResults, i: int, runs: int,
+                 log: Any) -> dict[str, Any]:
+    """The v2_stream rows of one run: one worker, then ``FLEET_PROCESSES``."""
+    out: dict[str, Any] = {}
+    for processes in (1, FLEET_PROCESSES):
+        label = f"stream{processes}"
+        with db.outbox_schema("e2e", template) as url:
+            env = worker_env(url, fake.base_url, STRIPE_METER_EVENT_API="v2_stream",
+                             OUTBOX_CONCURRENCY=str(STREAM_CONCURRENCY))
+            got = drain_with_worker(url, fake, expected, env=env, label=f"e2e-{label}",
+                                    processes=processes, stream=True)
+        log(f"e2e run {i + 1}/{runs}: v2_stream, {processes} worker(s) at concurrency "
+            f"{STREAM_CONCURRENCY}: {got['rate']:,.0f} events/s, {got['requests']:,} "
+            f"requests, {got['overlaps']} overlaps, {got['cpu_per_1000']:.2f} CPU s/1000, "
+            f"{got['released']:,} released")
+        for key in ("rate", "overlaps", "cpu_per_1000", "requests", "released",
+                    "fake_cpu_per_1000", "machine_busy_pct"):
+            res.fig(f"{label}_{key}").add(got[key])
+        out[label] = got
+    return out
 
 
 def _events_for(concurrency: int, events: int) -> int:
@@ -370,9 +403,40 @@ def rows(res: E2EResults, concurrencies: Sequence[int] = CONCURRENCIES) -> list[
             out.append(Row(s, f"ratio {FLEET_PROCESSES} workers / 1 worker at "
                               f"OUTBOX_CONCURRENCY={fc} (same run)",
                            f("fleet_ratio").fmt(2, "×"), "", ""))
+    out += _stream_rows(res)
     out.append(Row(s, f"per worker, best setting (OUTBOX_CONCURRENCY={best}); lane overlaps "
                       "summed over every run", f"{f(f'rate_{best}').median:,.0f} ev/s; "
                       f"{overlaps:.0f} overlaps", f"≥ {FLOOR_RATE} ev/s with 0 overlaps",
                    verdict(ok), floor_name=f"end to end ≥ {FLOOR_RATE} ev/s per worker at "
                                            f"{LATENCY * 1000:.0f} ms, 0 overlaps"))
+    return out
+
+
+def _stream_rows(res: E2EResults) -> list[Row]:
+    """The v2_stream rows, beside v1's."""
+    s = "End to end (real SDK, fake Stripe)"
+    f = res.fig
+    if not f("stream1_rate").values:
+        return []
+    out = []
+    for processes in (1, FLEET_PROCESSES):
+        k = f"stream{processes}"
+        floor = STREAM_FLOOR_RATE * processes if processes == 1 else 0
+        ok = f(f"{k}_rate").median >= floor and f(f"{k}_overlaps").hi == 0
+        out.append(Row(
+            s, f"STRIPE_METER_EVENT_API=v2_stream, {processes} worker process"
+               f"{'es' if processes > 1 else ''} at OUTBOX_CONCURRENCY={STREAM_CONCURRENCY} "
+               f"({res.events:,} events, {TENANTS}×{len(METERS)} lanes, "
+               f"{LATENCY * 1000:.0f} ms latency, the mode's default batch 2,000 and "
+               "100 requests/s)",
+            f(f"{k}_rate").fmt(0, " ev/s"),
+            f"≥ {STREAM_FLOOR_RATE:,} ev/s, 0 overlaps" if processes == 1 else "0 overlaps",
+            verdict(ok),
+            f"stream requests {f(f'{k}_requests').fmt(0)}; lane overlaps "
+            f"{f(f'{k}_overlaps').fmt(0)}; released {f(f'{k}_released').fmt(0)}; worker CPU "
+            f"{f(f'{k}_cpu_per_1000').fmt(2, ' s')} per 1,000 events (fake Stripe "
+            f"{f(f'{k}_fake_cpu_per_1000').fmt(2, ' s')}); all CPUs busy "
+            f"{f(f'{k}_machine_busy_pct').fmt(0, '%')}",
+            floor_name=(f"v2_stream end to end ≥ {STREAM_FLOOR_RATE:,} ev/s per worker at "
+                        f"{LATENCY * 1000:.0f} ms, 0 overlaps") if processes == 1 else ""))
     return out

@@ -177,6 +177,17 @@ def test_meter_event_api_stream() -> None:
     assert message == "STRIPE_METER_EVENT_API: expected one of v1, v2_stream, got 'v3'"
 
 
+def test_request_rate_and_batch_size_defaults_follow_the_api() -> None:
+    v1, v2 = load(), load(STRIPE_METER_EVENT_API="v2_stream")
+    assert (v1.stripe_max_requests_per_second, v1.batch_size) == (20.0, 200)
+    assert (v2.stripe_max_requests_per_second, v2.batch_size) == (100.0, 2000)
+    given = load(STRIPE_METER_EVENT_API="v2_stream", STRIPE_MAX_REQUESTS_PER_SECOND="20",
+                 OUTBOX_BATCH_SIZE="200")
+    assert (given.stripe_max_requests_per_second, given.batch_size) == (20.0, 200)
+    blank = load(STRIPE_METER_EVENT_API="v2_stream", OUTBOX_BATCH_SIZE=" ")
+    assert blank.batch_size == 2000
+
+
 # -- DRAINER_ENABLED ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("raw", "expected"), [

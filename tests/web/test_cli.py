@@ -160,6 +160,9 @@ def test_stats_json_has_the_contracts_keys(env: dict[str, str], engine: Engine) 
     data = as_json(cli("stats", "--json", env=env))
     # the contract's keys (it allows more after them: "…")
     assert {"counts", "oldest_pending_age_seconds", "paused", "pause_reason"} <= set(data)
+    assert data["meter_event_api"] == "v1"
+    streams = as_json(cli("stats", "--json", env=dict(env, STRIPE_METER_EVENT_API="v2_stream")))
+    assert streams["meter_event_api"] == "v2_stream"
     assert set(data["counts"]) == STATUSES
     assert data["counts"] == {s: (1 if s == "pending" else 0) for s in STATUSES}
     assert isinstance(data["oldest_pending_age_seconds"], int | float)

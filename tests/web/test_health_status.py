@@ -244,3 +244,18 @@ def test_meters_never_read_because_stripe_is_down_is_holding(
         drainer.close()
     h = read(engine)
     assert h.state == "holding" and "meters cannot be read" in h.detail
+
+
+def test_the_status_strip_says_which_meter_event_api_sends(db_url: str, engine: Engine,
+                                                           users: dict[str, str]) -> None:
+    from .conftest import login
+
+    for api, words in (("v1", "Sending: v1, one event per call"),
+                       ("v2_stream", "Sending: v2 streams")):
+        app = create_app({"TESTING": True},
+                         settings=make_settings(db_url, meter_event_api=api), engine=engine,
+                         start_drainer=False)
+        client = app.test_client()
+        assert words not in client.get("/login").get_data(as_text=True)  # anonymous: nothing
+        assert login(client, users["viewer"]).status_code == 303
+        assert words in client.get("/").get_data(as_text=True)

@@ -9,6 +9,9 @@ moment. Workers are SIGKILLed at random and restarted. At the end every worker g
 What must hold: the fake's accepted set equals the committed set exactly, values included
 (customer, meter, value, timestamp), nothing is dead or stuck, and no two calls of one
 (customer, meter) lane were ever in flight at once.
+
+Run once per ``STRIPE_METER_EVENT_API``: with ``v2_stream`` the same faults meet stream
+requests, and every session token is expired now and then while the workers send.
 """
 
 from __future__ import annotations
@@ -228,8 +231,15 @@ class Enqueuer(threading.Thread):
         self.committed.update(done)
 
 
-def test_chaos(pg_url: str, pg: Engine, fake_stripe: FakeStripe, tmp_path: Path) -> None:
+#: When every stream session token expires (seconds into the run), in ``v2_stream`` mode.
+TOKEN_EXPIRIES = (5.0, 13.0, 21.0)
+
+
+@pytest.mark.parametrize("api", ["v1", "v2_stream"])
+def test_chaos(pg_url: str, pg: Engine, fake_stripe: FakeStripe, tmp_path: Path,
+               api: str) -> None:
     rng = random.Random(SEED)
+    stream = api == "v2_stream"
     for meter in METERS:
         fake_stripe.add_meter(meter)
     fake_stripe.set_latency(0.002)
@@ -241,7 +251,8 @@ def test_chaos(pg_url: str, pg: Engine, fake_stripe: FakeStripe, tmp_path: Path)
                            unavailable_rate=0.02)
     env = worker_env(pg_url, fake_stripe.base_url, STRIPE_TIMEOUT_SECONDS=TIMEOUT,
                      OUTBOX_CLAIM_TIMEOUT_SECONDS=CLAIM_TIMEOUT, OUTBOX_BATCH_SIZE="40",
-                     OUTBOX_CONCURRENCY="4", OUTBOX_POLL_INTERVAL_SECONDS="0.1")
+                     OUTBOX_CONCURRENCY="4", OUTBOX_POLL_INTERVAL_SECONDS="0.1",
+                     STRIPE_METER_EVENT_API=api)
     fleet = Fleet(env, tmp_path)
     shared = [(f"shared-{i}", rng.randrange(len(CUSTOMERS) * len(METERS)),
                rng.randint(1, 10**9), rng.randint(60, 86400)) for i in range(40)]
@@ -255,8 +266,12 @@ def test_chaos(pg_url: str, pg: Engine, fake_stripe: FakeStripe, tmp_path: Path)
             e.start()
         outages = [(9.0, 1.5), (19.0, 1.0)]
         next_kill = t0 + rng.uniform(2.0, 4.0)
+        expiries = list(TOKEN_EXPIRIES) if stream else []
         while any(e.is_alive() for e in enqueuers) and time.monotonic() - t0 < 60:
             now = time.monotonic()
+            if expiries and now - t0 >= expiries[0]:
+                fake_stripe.expire_stream_tokens()
+                expiries.pop(0)
             if now >= next_kill and now - t0 < KILLS_UNTIL:
                 fleet.kill_one(rng, pg)
                 next_kill = now + rng.uniform(2.0, 5.0)
@@ -308,11 +323,13 @@ def test_chaos(pg_url: str, pg: Engine, fake_stripe: FakeStripe, tmp_path: Path)
             for k, a in accepted.items()} == committed
     assert fake_stripe.accept_count() == len(committed)
     seen = {e["identifier"] for e in fake_stripe.request_log()}
+    seen |= {i for e in fake_stripe.stream_log() for i in e["identifiers"]}
     assert not seen & rolled_back
     assert fake_stripe.overlaps() == {}
 
     # The chaos really happened.
-    faults = Counter(e["fault"] for e in fake_stripe.request_log() if e["fault"])
+    log = fake_stripe.stream_log() if stream else fake_stripe.request_log()
+    faults = Counter(e["fault"] for e in log if e["fault"])
     assert fleet.kills >= 5, fleet.kills
     assert fleet.stranded > 0, "no SIGKILL caught a worker holding claims"
     rescued = sum(int(line.split("rescued ")[1].split()[0])
@@ -322,6 +339,14 @@ def test_chaos(pg_url: str, pg: Engine, fake_stripe: FakeStripe, tmp_path: Path)
     assert rescued > 0  # a killed worker held claims; they came back after their deadline
     assert faults["drop"] and faults["429"] and faults["503"], faults
     assert faults["500"] + faults["502"] + faults["504"] > 0, faults
-    assert fake_stripe.duplicate_identifier_rejections() > 0
+    if stream:
+        assert fake_stripe.calls() == 0  # nothing went through v1
+        assert fake_stripe.stream_duplicates() > 0  # resent after a lost answer, skipped
+        expired = [e for e in log if e["status"] == 401]
+        assert expired, "no request met an expired session"
+        assert fake_stripe.stream_sessions() > fleet.started
+    else:
+        assert fake_stripe.duplicate_identifier_rejections() > 0
     assert sum(e.duplicates for e in enqueuers) > 20
-    assert fake_stripe.max_in_flight() >= 3
+    # Requests from several workers at once (v2 packs a pass's lanes into few requests).
+    assert fake_stripe.max_in_flight() >= (2 if stream else 3)

@@ -16,10 +16,11 @@ from .health import health
 
 
 def stats(engine: Engine, *, now: datetime, api_key_here: bool = True,
-          retention_days: int | None = None) -> dict[str, object]:
+          retention_days: int | None = None, meter_event_api: str = "v1") -> dict[str, object]:
     """Counts by status (every row counted), the oldest waiting event's age, the sending
     switch, how many events wait for a customer mapping, the state of sending (``health``:
-    the dashboard's status line) and what retention has removed (``pruned``)."""
+    the dashboard's status line), what retention has removed (``pruned``) and how events go
+    to Stripe (``meter_event_api``: ``v1`` or ``v2_stream``, from the settings)."""
     with reading(engine) as conn:
         counts = dict.fromkeys(ALL_STATUSES, 0)
         for status, n in conn.execute(select(T.c.status, func.count()).group_by(T.c.status)):
@@ -47,6 +48,7 @@ def stats(engine: Engine, *, now: datetime, api_key_here: bool = True,
         "pause_reason": switch.reason,
         "pause_kind": switch.kind,
         "waiting_for_customer_mapping": int(unmapped),
+        "meter_event_api": meter_event_api,
         "health": state.as_dict(),
         "pruned": {"events": pruned, "units": pruned_units,
                    "last_at": last_pruned.isoformat() if last_pruned else None,

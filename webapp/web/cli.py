@@ -145,7 +145,8 @@ def stats(as_json: bool) -> None:
 
     data = compute(_svc().engine, now=_svc().clock(),
                    api_key_here=_svc().settings.stripe_mode != "none",
-                   retention_days=_svc().settings.retention_days)
+                   retention_days=_svc().settings.retention_days,
+                   meter_event_api=_svc().settings.meter_event_api)
     if as_json:
         click.echo(json.dumps(data))
         return
@@ -153,6 +154,7 @@ def stats(as_json: bool) -> None:
         click.echo(f"{status:>10}  {n}")
     click.echo(f"oldest pending age: {data['oldest_pending_age_seconds']} s")
     click.echo("sending: " + (f"PAUSED ({data['pause_reason']})" if data["paused"] else "running"))
+    click.echo(f"meter event API: {data['meter_event_api']}")
     state = data["health"]
     click.echo(f"state: {state['title']} - {state['detail']}")  # type: ignore[index]
 

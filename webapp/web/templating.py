@@ -39,6 +39,7 @@ def chrome() -> dict[str, Any]:
         # demo or test setting never runs silently in production.
         api_base = settings.stripe_api_base
         g.chrome = {"health": status, "stripe_mode": settings.stripe_mode,
+                    "meter_event_api": settings.meter_event_api,
                     "api_base": None if api_base == STRIPE_API_BASE_DEFAULT else api_base}
     return g.chrome  # type: ignore[no-any-return]
 

@@ -120,7 +120,8 @@ class Drainer:
             breaker=self.breaker, policy=self.policy, concurrency=settings.concurrency,
             safety_margin_seconds=settings.claim_safety_margin_seconds, clock=clock,
             monotonic=monotonic, stopping=self.stopping, on_systemic=self._pause_systemic,
-            on_meter_missing=self._meter_missing)
+            on_meter_missing=self._meter_missing,
+            stream=settings.meter_event_api == "v2_stream")
         #: Stripe's meters (when the gateway can list them): events of a meter that is not
         #: active at Stripe are not claimed, and each is sent with its meter's payload keys.
         self.meters: MeterCatalog | None = None

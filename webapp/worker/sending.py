@@ -69,6 +69,9 @@ class Sender:
     on_systemic: Callable[[CallResult], None]
     #: Called with an event name Stripe has no active meter for: its events wait.
     on_meter_missing: Callable[[str], None]
+    #: ``STRIPE_METER_EVENT_API=v2_stream``: events go in stream requests of up to 100
+    #: (:mod:`webapp.worker.streaming`); otherwise one v1 call per event.
+    stream: bool = False
     _pool: ThreadPoolExecutor | None = None
     _busy_elsewhere: dict[Lane, float] = field(default_factory=dict)  # lane -> until
     _busy_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -103,7 +106,12 @@ class Sender:
         abort = threading.Event()
         try:
             lanes = [evs for lane, evs in by_lane.items() if lane in held]
-            out.results = self._run_lanes(claim, lanes, abort, meters or {})
+            if self.stream:
+                from .streaming import send_streams
+
+                out.results = send_streams(self, claim, lanes, abort, meters or {})
+            else:
+                out.results = self._run_lanes(claim, lanes, abort, meters or {})
         finally:
             out.aborted = abort.is_set()
             self.lanes.release(held)
@@ -114,14 +122,18 @@ class Sender:
             self._pool.shutdown(wait=True)
             self._pool = None
 
+    def pool(self) -> ThreadPoolExecutor:
+        """The send threads (``concurrency`` of them), started on first use."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=self.concurrency,
+                                            thread_name_prefix="outbox-send")
+        return self._pool
+
     def _run_lanes(self, claim: Claim, lanes: list[list[ClaimedEvent]],
                    abort: threading.Event, meters: dict[str, MeterInfo]) -> list[LaneResult]:
         if len(lanes) <= 1 or self.concurrency == 1:
             return [self._send_lane(claim, evs, abort, meters) for evs in lanes]
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=self.concurrency,
-                                            thread_name_prefix="outbox-send")
-        futures = [self._pool.submit(self._send_lane, claim, evs, abort, meters)
+        futures = [self.pool().submit(self._send_lane, claim, evs, abort, meters)
                    for evs in lanes]
         return [f.result() for f in futures]
 

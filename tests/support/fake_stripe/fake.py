@@ -464,6 +464,7 @@ class FakeStripe(FaultsMixin, MeterEventsMixin, StreamMixin, BillingMixin, Custo
                 "summary_calls": self.summary_calls,
                 "stream_calls": self._stream_calls,
                 "stream_sessions": self._stream_sessions,
+                "stream_duplicates": self._stream_duplicates,
             }
 
     def _control(self, method: str, name: str, body: bytes) -> Response:
