@@ -27,7 +27,7 @@ from typing import Any
 
 from .common import RESULTS_DIR, ROOT, BenchDatabase, BenchFailure, Row, nproc, sources_digest
 
-SECTIONS = ("drain", "enqueue", "e2e", "memory", "dashboard", "money")
+SECTIONS = ("drain", "enqueue", "e2e", "memory", "dashboard", "money", "scale")
 DEFAULT = ("drain", "enqueue", "e2e", "memory", "dashboard", "money")
 
 #: Sizes: (full, quick).
@@ -38,6 +38,7 @@ SIZES = {
     "memory": (100_000, 10_000),
     "dashboard": (1_000_000, 100_000),   # outbox rows, loaded once per invocation
     "money": (10_000, 1_000),            # error reports polled (reconciliation: fixed size)
+    "scale": (10_000_000, 500_000),      # outbox rows over 400 days; not in DEFAULT
 }
 
 
@@ -176,6 +177,11 @@ def main(argv: list[str] | None = None) -> int:
 
                 res = money.run(db, reports=size["money"], runs=args.runs, log=log)
                 rows += money.rows(res)
+            elif section == "scale":
+                from . import scale
+
+                res = scale.run(db, events=size["scale"], runs=args.runs, log=log)
+                rows += res.table
             else:
                 from . import dashboard
 
@@ -183,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
                 rows += dashboard.rows(res)
             raw[section] = {"figures": {k: asdict(v) for k, v in res.figures.items()},
                             "runs": _strip(res.raw)}
+            # A long section's figures are on disk as soon as it ends.
+            (RESULTS_DIR / f"{stamp}.json").write_text(json.dumps(raw, indent=1, default=str))
             log(f"{section} done in {time.monotonic() - t0:.0f} s")
     except BenchFailure as exc:
         log(f"FAILED: {exc}")
