@@ -252,3 +252,13 @@ def test_backoff_formula() -> None:
     s = load(OUTBOX_INITIAL_BACKOFF_SECONDS="2", OUTBOX_MAX_BACKOFF_SECONDS="60")
     assert [s.backoff_seconds(n) for n in range(1, 8)] == [2, 4, 8, 16, 32, 60, 60]
     assert s.backoff_seconds(0) == 2
+
+
+def test_retention_below_36_days_refused() -> None:
+    message = refused(OUTBOX_RETENTION_DAYS="35")
+    assert "OUTBOX_RETENTION_DAYS" in message and "36" in message and "35 days" in message
+    assert "OUTBOX_RETENTION_DAYS" in refused(OUTBOX_RETENTION_DAYS="forty")
+    settings = load(OUTBOX_RETENTION_DAYS="36", OUTBOX_PRUNE_INTERVAL_SECONDS="600")
+    assert (settings.retention_days, settings.prune_interval_seconds) == (36, 600.0)
+    assert (load().retention_days, load().prune_interval_seconds) == (40, 3600.0)
+    assert "OUTBOX_PRUNE_INTERVAL_SECONDS" in refused(OUTBOX_PRUNE_INTERVAL_SECONDS="1")

@@ -23,6 +23,11 @@ STRIPE_API_BASE_DEFAULT = "https://api.stripe.com"
 CONNECT_TIMEOUT_SECONDS = 3.05
 
 
+#: Stripe accepts a meter event up to 35 days after its timestamp: the rows must outlive that
+#: (a late duplicate of a pruned event is then refused by Stripe as too old, never billed).
+MIN_RETENTION_DAYS = 36
+
+
 class ConfigError(ValueError):
     """A configuration value is missing, unparseable or unsafe. The message names the variable."""
 
@@ -58,6 +63,8 @@ class Settings:
     session_max_age_seconds: float = 12 * 3600.0
     metrics_token: str | None = field(default=None, repr=False)
     trusted_proxies: int = 0
+    retention_days: int = 40
+    prune_interval_seconds: float = 3600.0
     testing: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -137,6 +144,9 @@ class Settings:
                                             low=300.0, high=90 * 86_400),
             metrics_token=_metrics_token(env.get("METRICS_TOKEN")),
             trusted_proxies=_integer(env, "TRUSTED_PROXIES", 0, low=0, high=5),
+            retention_days=_integer(env, "OUTBOX_RETENTION_DAYS", 40, low=1, high=36_500),
+            prune_interval_seconds=_number(env, "OUTBOX_PRUNE_INTERVAL_SECONDS", 3600.0,
+                                           low=60.0, high=7 * 86_400),
             log_format=_choice(env, "LOG_FORMAT", "text", ("text", "json")),
             log_level=_choice(env, "LOG_LEVEL", "INFO",
                               ("DEBUG", "INFO", "WARNING", "ERROR"), upper=True),
@@ -153,6 +163,11 @@ class Settings:
 
     def validate(self) -> None:
         """Refuse combinations that would break a delivery guarantee."""
+        if self.retention_days < MIN_RETENTION_DAYS:
+            raise ConfigError(
+                f"OUTBOX_RETENTION_DAYS must be at least {MIN_RETENTION_DAYS} "
+                f"(got {self.retention_days}): Stripe accepts events for 35 days, and the "
+                "24-hour dedupe and reconciliation need the rows until then")
         if self.session_idle_seconds > self.session_max_age_seconds:
             raise ConfigError(
                 "SESSION_IDLE_TIMEOUT_SECONDS must not exceed SESSION_MAX_AGE_SECONDS "

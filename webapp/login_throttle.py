@@ -77,3 +77,17 @@ def record_failure(conn: Connection, key: str, policy: Policy, *,
 def clear(conn: Connection, key: str) -> None:
     """Forget a key's failures (an account's, after its right password got through)."""
     conn.execute(delete(THROTTLE).where(THROTTLE.c.key == key))
+
+
+#: Entries whose window began this long ago and that hold no lock are forgotten.
+FORGET_AFTER = timedelta(days=1)
+
+
+def forget_stale(engine: Engine, *, now: datetime) -> int:
+    """Delete the entries that neither count toward a window nor hold a lock any more (the
+    pruner calls this), so the table holds only recent failures. How many went."""
+    with engine.begin() as conn:
+        gone = conn.execute(delete(THROTTLE).where(
+            THROTTLE.c.window_started_at < now - FORGET_AFTER,
+            (THROTTLE.c.locked_until.is_(None)) | (THROTTLE.c.locked_until < now))).rowcount
+    return int(gone or 0)

@@ -392,3 +392,49 @@ def test_usage_equals_counting_rows_with_a_pair_for_every_status(
     for bad in (["--from", "2026-13-01"], ["--from", "2026-12-02", "--to", "2026-12-01"]):
         refused = cli("usage", *bad, env=env)
         assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+
+
+def test_prune_as_the_contract_says(env: dict[str, str], engine: Engine, seed: Any) -> None:
+    """``prune [--dry-run] [--json] [--as-of]``: terminal rows past OUTBOX_RETENTION_DAYS go,
+    dead and rejected ones are counted as kept, usage stays the same, a future ``--as-of``
+    only previews, and a retention below 36 days stops the command with one line."""
+    from webapp.outbox import rollups
+
+    now = utcnow()
+    old = now - timedelta(days=45)
+    for status in ("sent", "resolved", "cancelled", "dead", "rejected", "sent"):
+        seed.event(status=status, quantity=3, now=old)
+    seed.event(status="sent", quantity=2, now=now - timedelta(days=20))
+    seed.event(status="pending", now=now)
+    rollups.fold(engine, now=now, margin=rollups.fold_margin(30))
+    period = ["--from", (old - timedelta(days=1)).date().isoformat(), "--to",
+              now.date().isoformat()]
+    usage_before = json.loads(cli("usage", "--json", *period, env=env).stdout)
+
+    preview = cli("prune", "--dry-run", "--json", env=env)
+    assert preview.returncode == 0, preview.stderr
+    data = json.loads(preview.stdout)
+    assert (data["pruned"], data["kept_dead"], data["dry_run"]) == (4, 1, True)
+    assert datetime.fromisoformat(data["as_of"]) <= utcnow()
+    ahead = json.loads(cli("prune", "--dry-run", "--json", "--as-of",
+                           (now + timedelta(days=25)).isoformat(), env=env).stdout)
+    assert ahead["pruned"] == 5           # the 20-day-old one too, 25 days from now
+    refused = cli("prune", "--as-of", (now + timedelta(days=25)).isoformat(), env=env)
+    assert refused.returncode == 2 and "--dry-run" in refused.stderr
+    assert refused.stderr.count("\n") == 1, refused.stderr
+
+    done = cli("prune", env=env)
+    assert done.returncode == 0, done.stderr
+    assert "removed 4 events (2 sent, 1 resolved, 1 cancelled)" in done.stdout
+    assert "kept 1 dead and 1 rejected" in done.stdout
+    again = json.loads(cli("prune", "--json", env=env).stdout)
+    assert again["pruned"] == 0
+    assert json.loads(cli("usage", "--json", *period, env=env).stdout) == usage_before
+    with engine.connect() as conn:
+        audit = conn.execute(select(AuditEntry.__table__.c.action, AuditEntry.__table__.c.note)
+                             .where(AuditEntry.__table__.c.action == "prune")).all()
+    assert len(audit) == 1 and "removed 4 events" in audit[0].note
+
+    short = cli("prune", env=dict(env, OUTBOX_RETENTION_DAYS="30"))
+    assert short.returncode == 2 and short.stderr.count("\n") == 1, short.stderr
+    assert "OUTBOX_RETENTION_DAYS must be at least 36" in short.stderr

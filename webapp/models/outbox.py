@@ -238,6 +238,23 @@ class SentUsageRollup(Base):
     quantity: Mapped[int] = mapped_column(BigInteger, default=0)
 
 
+class PrunedUsageRollup(Base):
+    """What pruned events counted (migration 0010), by UTC day of occurrence, tenant, meter and
+    status: written by ``webapp.outbox.retention.prune`` in the transaction that deletes the
+    rows, so usage for a period is the same before and after. Pruned ``sent`` events are
+    counted here *and* stay in ``usage_sent_rollup`` (they were folded before they could be
+    pruned); usage reads take sent from that rollup and the other statuses from here."""
+
+    __tablename__ = "usage_pruned_rollup"
+
+    day: Mapped[str] = mapped_column(String(10), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(100), primary_key=True)
+    meter: Mapped[str] = mapped_column(String(100), primary_key=True)
+    status: Mapped[str] = mapped_column(String(16), primary_key=True)
+    events: Mapped[int] = mapped_column(BigInteger, default=0)
+    quantity: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
 class AttemptRollup(Base):
     """Calls to Stripe folded by outcome and latency bucket (for /metrics counters)."""
 

@@ -31,6 +31,7 @@ from .sql import (
     ATTEMPT_ROLLUP,
     ATTEMPTS,
     EPOCH,
+    PRUNED_ROLLUP,
     ROLLUP_STATE,
     SENT_ROLLUP,
     T,
@@ -137,8 +138,20 @@ def rebuild(engine: Engine, *, now: datetime, margin: timedelta) -> None:
     with engine.begin() as conn:
         conn.execute(delete(SENT_ROLLUP))
         conn.execute(delete(ATTEMPT_ROLLUP))
-        conn.execute(sa_update(ROLLUP_STATE).values(watermark=EPOCH, id_mark=0, events=0,
-                                                    quantity=0))
+        conn.execute(sa_update(ROLLUP_STATE).where(ROLLUP_STATE.c.name.in_(ROLLUPS))
+                     .values(watermark=EPOCH, id_mark=0, events=0, quantity=0))
+        # Pruned sent events have no rows left to fold: their counts come back from the
+        # pruned-usage rollup (webapp.outbox.retention).
+        pruned = select(PRUNED_ROLLUP.c.day, PRUNED_ROLLUP.c.tenant_id, PRUNED_ROLLUP.c.meter,
+                        PRUNED_ROLLUP.c.events, PRUNED_ROLLUP.c.quantity).where(
+            PRUNED_ROLLUP.c.status == "sent")
+        conn.execute(SENT_ROLLUP.insert().from_select(
+            ["day", "tenant_id", "meter", "events", "quantity"], pruned))
+        sub = pruned.subquery()
+        events, quantity = conn.execute(select(int_sum(sub.c.events),
+                                               int_sum(sub.c.quantity))).one()
+        conn.execute(sa_update(ROLLUP_STATE).where(ROLLUP_STATE.c.name == SENT_USAGE)
+                     .values(events=int(events), quantity=int(quantity)))
     fold(engine, now=now, margin=margin)
 
 

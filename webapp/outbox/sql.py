@@ -47,6 +47,7 @@ from ..models import (
     DeliveryAttempt,
     DrainerHeartbeat,
     OutboxEvent,
+    PrunedUsageRollup,
     ReconciliationMismatch,
     ReconciliationRun,
     RollupState,
@@ -73,6 +74,7 @@ CONTROL = cast(Table, Control.__table__)
 HEARTBEATS = cast(Table, DrainerHeartbeat.__table__)
 ROLLUP_STATE = cast(Table, RollupState.__table__)
 SENT_ROLLUP = cast(Table, SentUsageRollup.__table__)
+PRUNED_ROLLUP = cast(Table, PrunedUsageRollup.__table__)
 ATTEMPT_ROLLUP = cast(Table, AttemptRollup.__table__)
 STRIPE_METERS = cast(Table, StripeMeter.__table__)
 STRIPE_EVENTS = cast(Table, StripeEvent.__table__)

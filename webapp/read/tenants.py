@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, func, literal_column, select, union_all
 
 from ..db import reading
+from ..outbox.retention import PRUNABLE, pruned_usage
 from ..outbox.rollups import SENT_USAGE, Mark, live_sent, read_mark
 from ..outbox.sql import (
     IDLE_UNSENT,
@@ -31,6 +32,8 @@ from .series import Bucket, sent_by_occurrence_day
 #: The usage table's columns. Rejected and cancelled events were accepted by Stripe but are
 #: not billed: they are shown apart from ``sent``, never inside it.
 USAGE_STATUSES = ("sent", "pending", "retrying", "rejected", "dead", "cancelled", "resolved")
+#: Statuses whose pruned events are read from the pruned-usage rollup.
+PRUNED_APART = tuple(s for s in PRUNABLE if s != "sent")
 
 
 @dataclass
@@ -111,6 +114,13 @@ def usage_in(conn: Connection, *, start: date, end: date,
             r = row(t, m)
             r.events[status] += int(n)
             r.quantity[status] += int(q)
+    # Resolved and cancelled events past retention are counted in the pruned-usage rollup
+    # (pruned sent events stay in the sent rollup, read above).
+    for t, m, s, n, q in pruned_usage(conn, start=start.isoformat(), end=end.isoformat(),
+                                      statuses=PRUNED_APART, tenant_id=tenant_id):
+        r = row(t, m)
+        r.events[s] += int(n)
+        r.quantity[s] += int(q)
     ids = sorted({t for t, _ in table})
     tenants = {t.tenant_id: t for t in conn.execute(
         select(TENANTS.c.tenant_id, TENANTS.c.name, TENANTS.c.stripe_customer_id)

@@ -319,9 +319,10 @@ COMMANDS: list[click.Command] = [db_group, serve, worker, drain, stats, users, e
 
 def register_commands(app: Flask) -> None:
     """Add the commands to ``app.cli`` (so ``flask --app webapp …`` has them too)."""
-    from . import cli_stripe, cli_tenants
+    from . import cli_retention, cli_stripe, cli_tenants
 
-    for command in COMMANDS + cli_tenants.COMMANDS + cli_stripe.COMMANDS:
+    for command in (COMMANDS + cli_tenants.COMMANDS + cli_stripe.COMMANDS
+                    + cli_retention.COMMANDS):
         app.cli.add_command(command)
 
 

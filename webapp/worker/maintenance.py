@@ -1,4 +1,4 @@
-"""Runs the maintenance services (the rescuer, the rollup folder) on their cadence, in a
+"""Runs the maintenance services (the rescuer, the rollup folder, the pruner) on their cadence, in a
 thread of their own beside the ``worker`` command's drain loop. The in-app scheduler runs
 the same ``run_once()`` calls as APScheduler jobs instead (``webapp.web.scheduler``)."""
 
@@ -17,7 +17,7 @@ from sqlalchemy import Engine
 from ..config import Settings
 from ..models import utcnow
 from ..stripe_gateway import StripeCallFailed
-from . import folder, reconciler, rescuer
+from . import folder, pruner, reconciler, rescuer
 from .meters import MeterRefresher
 from .process import gateway_from
 from .stripe_events import EventPoller
@@ -43,12 +43,14 @@ class Scheduled:
 
 def services_for(engine: Engine, settings: Settings, *,
                  clock: Callable[[], datetime] = utcnow) -> list[Scheduled]:
-    """The maintenance a draining process runs, with each service's cadence: the rescuer and
-    the rollup folder always; with ``STRIPE_API_KEY``, reading Stripe's meters, its error
-    reports, and reconciling when due."""
+    """The maintenance a draining process runs, with each service's cadence: the rescuer,
+    the rollup folder and the pruner always; with ``STRIPE_API_KEY``, reading Stripe's
+    meters, its error reports, and reconciling when due."""
     out = [Scheduled(rescuer.Rescuer(engine, clock=clock), rescuer.interval_seconds(settings)),
            Scheduled(folder.RollupFolder(engine, settings, clock=clock),
-                     folder.INTERVAL_SECONDS)]
+                     folder.INTERVAL_SECONDS),
+           Scheduled(pruner.Pruner(engine, settings, clock=clock),
+                     settings.prune_interval_seconds)]
     gateway = gateway_from(settings)
     if gateway is None:
         return out
