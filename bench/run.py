@@ -3,6 +3,7 @@
     python -m bench.run                  # everything, 3 runs each
     python -m bench.run --quick          # a smoke run: fewer events, 1 run
     python -m bench.run --only drain,enqueue --runs 5
+    python -m bench.run --only scale --runs 1   # a year at 10 million rows (not in the default)
 
 Progress goes to stderr; the table goes to stdout and, for a full default run, to
 ``bench/RESULTS.md`` (other runs write ``bench/results/RESULTS-<stamp>.md``). Raw per-run
