@@ -95,6 +95,30 @@ DEAD_PAST_WINDOW = "outcome unknown past Stripe's dedupe window"  # states.DEAD_
 DEAD_EXHAUSTED = "retries exhausted"                              # states.DEAD_EXHAUSTED
 
 
+@dataclass(frozen=True)
+class Shape:
+    """What the loader spreads the rows over. The default is this section's data set; the
+    ``scale`` section loads a year of a larger product with another shape."""
+
+    days: int = DAYS
+    tenants: int = TENANTS
+    mapped: int = MAPPED
+    named_unmapped: int = NAMED_UNMAPPED
+    unmapped_share: float = UNMAPPED_SHARE
+    #: The first ``k`` mapped tenants get ``(k / mapped) ** (1 / skew)`` of the mapped events:
+    #: 1.6 puts ~4% on the largest of 195; 3 on 100,000 gives a few large tenants (the
+    #: largest ~2%) and a long tail (the smallest a few dozen events a year).
+    skew: float = 1.6
+    #: Digits of the tenant number in ``tenant-007`` / ``cus_tenant007``.
+    digits: int = 3
+
+    def tenant(self, i: int) -> str:
+        return f"tenant-{i:0{self.digits}d}"
+
+
+DEFAULT_SHAPE = Shape()
+
+
 @dataclass
 class Route:
     label: str
@@ -237,12 +261,12 @@ FROM (
             SELECT rt < :unmapped_share AS unmapped,
                    CASE WHEN rt < :unmapped_share THEN :mapped + g % (:tenants - :mapped)
                         ELSE floor(:mapped * power((rt - :unmapped_share)
-                                                   / (1 - :unmapped_share), 1.6))::int
+                                                   / (1 - :unmapped_share), :skew))::int
                    END AS tn
         ) u
         CROSS JOIN LATERAL (
-            SELECT 'tenant-' || lpad(tn::text, 3, '0') AS tenant,
-                   'cus_tenant' || lpad(tn::text, 3, '0') AS customer
+            SELECT 'tenant-' || lpad(tn::text, :digits, '0') AS tenant,
+                   'cus_tenant' || lpad(tn::text, :digits, '0') AS customer
         ) t
     ) s0
     CROSS JOIN LATERAL (
@@ -364,8 +388,8 @@ LOAD_STRIPE_SIDE = [
 
 LOAD_TENANTS = """
 INSERT INTO billing_tenants (tenant_id, name, stripe_customer_id, created_at, updated_at)
-SELECT 'tenant-' || lpad(i::text, 3, '0'), 'Tenant ' || i,
-    CASE WHEN i < :mapped THEN 'cus_tenant' || lpad(i::text, 3, '0') END,
+SELECT 'tenant-' || lpad(i::text, :digits, '0'), 'Tenant ' || i,
+    CASE WHEN i < :mapped THEN 'cus_tenant' || lpad(i::text, :digits, '0') END,
     CAST(:start AS timestamptz) - interval '1 day', CAST(:start AS timestamptz) - interval '1 day'
 FROM generate_series(0, :mapped + :named - 1) AS i
 """
@@ -403,7 +427,8 @@ LOAD_AUDIT = [
     """INSERT INTO bench_audit
        SELECT CAST(:start AS timestamptz) - interval '1 day' + i * interval '1 min',
               'admin@bench.example', 'tenant_map', NULL,
-              'tenant-' || lpad(i::text, 3, '0') || ' -> cus_tenant' || lpad(i::text, 3, '0'),
+              'tenant-' || lpad(i::text, :digits, '0') || ' -> cus_tenant'
+                  || lpad(i::text, :digits, '0'),
               NULL
        FROM generate_series(0, :mapped - 1) AS i""",
     """INSERT INTO bench_audit
@@ -429,7 +454,8 @@ LOAD_AUDIT = [
 ]
 
 
-def load(url: str, n: int, log: Callable[[str], None]) -> dict[str, float]:
+def load(url: str, n: int, log: Callable[[str], None],
+         shape: Shape = DEFAULT_SHAPE) -> dict[str, float]:
     """Fill the migrated schema at ``url`` and ANALYZE it; return the time each step took.
     Every generated time is before the moment the load starts."""
     from sqlalchemy import create_engine
@@ -437,10 +463,11 @@ def load(url: str, n: int, log: Callable[[str], None]) -> dict[str, float]:
     from webapp.models import utcnow
 
     now = utcnow()
-    start = now - timedelta(days=DAYS)
-    params = {"now": now, "start": start, "step": timedelta(days=DAYS) / n, "n": n,
-              "mapped": MAPPED, "named": NAMED_UNMAPPED, "tenants": TENANTS,
-              "unmapped_share": UNMAPPED_SHARE, "past_window": DEAD_PAST_WINDOW,
+    start = now - timedelta(days=shape.days)
+    params = {"now": now, "start": start, "step": timedelta(days=shape.days) / n, "n": n,
+              "mapped": shape.mapped, "named": shape.named_unmapped, "tenants": shape.tenants,
+              "unmapped_share": shape.unmapped_share, "skew": shape.skew,
+              "digits": shape.digits, "past_window": DEAD_PAST_WINDOW,
               "exhausted": DEAD_EXHAUSTED}
     times: dict[str, float] = {}
     engine = create_engine(url)
@@ -549,7 +576,7 @@ def signed_in_client(app: Any) -> Any:
     return client
 
 
-def routes(engine: Any, settings: Any) -> list[Route]:
+def routes(engine: Any, settings: Any, shape: Shape = DEFAULT_SHAPE) -> list[Route]:
     """Every page (whole and as its htmx fragment) and every GET endpoint, with parameters
     chosen to be the heavy cases: the largest tenant, a filter matching thousands of dead
     events, a text search matching a few (so it reads them all)."""
@@ -572,8 +599,8 @@ def routes(engine: Any, settings: Any) -> list[Route]:
             "SELECT id FROM stripe_usage_outbox WHERE status = 'dead' AND call_count = 12 "
             "ORDER BY id DESC LIMIT 1")).scalar_one()
         search = conn.execute(text(
-            "SELECT stripe_customer_id FROM billing_tenants WHERE tenant_id = 'tenant-042'")
-        ).scalar_one()
+            "SELECT stripe_customer_id FROM billing_tenants WHERE tenant_id = :t"),
+            {"t": shape.tenant(42)}).scalar_one()
     window = settings.dedupe_window_seconds
     page1 = dead_letters(engine, DeadFilters(), now=utcnow(), window_seconds=window, limit=50)
     assert page1.next is not None, "fewer than 51 dead events"
@@ -588,7 +615,8 @@ def routes(engine: Any, settings: Any) -> list[Route]:
             "ORDER BY dead_at DESC, id DESC OFFSET :k LIMIT 1"), {"k": skip - 1}).one()
     deep = Cursor(as_utc(at), int(ident))  # type: ignore[arg-type]
     today = utcnow().date()
-    span = f"from={(today - timedelta(days=DAYS - 1)).isoformat()}&to={today.isoformat()}"
+    days = shape.days
+    span = f"from={(today - timedelta(days=days - 1)).isoformat()}&to={today.isoformat()}"
     pages = [
         ("overview", "/"),
         ("overview, chart of the last hour", "/?range=1h"),
@@ -596,9 +624,9 @@ def routes(engine: Any, settings: Any) -> list[Route]:
         ("overview, chart of 30 days", "/?range=30d"),
         ("retries", "/retries"),
         ("tenants (this month)", "/tenants"),
-        (f"tenants ({DAYS} days)", f"/tenants?{span}"),
+        (f"tenants ({days} days)", f"/tenants?{span}"),
         (f"tenant page ({big_tenant}, the largest)", f"/tenants/{big_tenant}"),
-        (f"tenant page ({big_tenant}, {DAYS} days)", f"/tenants/{big_tenant}?{span}"),
+        (f"tenant page ({big_tenant}, {days} days)", f"/tenants/{big_tenant}?{span}"),
         ("mappings", "/mappings"),
         ("dead letters", "/dead-letters"),
         (f"dead letters, tenant={dead_tenant}", f"/dead-letters?tenant={dead_tenant}"),
@@ -648,8 +676,8 @@ def routes(engine: Any, settings: Any) -> list[Route]:
         out.append(Route(label, path, htmx=True))
     out += [Route(label, path, page=False) for label, path in (
         ("tenants CSV (this month)", "/tenants.csv"),
-        (f"tenants CSV ({DAYS} days)", f"/tenants.csv?{span}"),
-        (f"tenants CSV ({DAYS} days, {big_tenant})", f"/tenants.csv?{span}&tenant={big_tenant}"),
+        (f"tenants CSV ({days} days)", f"/tenants.csv?{span}"),
+        (f"tenants CSV ({days} days, {big_tenant})", f"/tenants.csv?{span}&tenant={big_tenant}"),
         ("audit CSV", "/audit.csv"),
         ("events CSV, status=dead, code=api_error", "/events.csv?status=dead&code=api_error"),
         ("Prometheus metrics", "/metrics"),
