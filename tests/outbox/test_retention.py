@@ -68,7 +68,7 @@ def _usage(engine: Any, start: date, end: date) -> Counter[tuple[str, str, str, 
 
 
 def _monthly_matches_daily(engine: Any) -> None:
-    from webapp.outbox.sql import SENT_MONTHLY, SENT_ROLLUP
+    from webapp.outbox.sql import SENT_DAY, SENT_MONTHLY, SENT_ROLLUP
 
     with engine.connect() as conn:
         daily: Counter[tuple[str, str, str]] = Counter()
@@ -84,6 +84,18 @@ def _monthly_matches_daily(engine: Any) -> None:
             monthly[(month, t, m, "n")] += int(n)
             monthly[(month, t, m, "q")] += int(q)
     assert +daily == +monthly
+    with engine.connect() as conn:
+        by_day: Counter[tuple[str, str]] = Counter()
+        for day, n, q in conn.execute(select(SENT_ROLLUP.c.day, SENT_ROLLUP.c.events,
+                                             SENT_ROLLUP.c.quantity)):
+            by_day[(day, "n")] += int(n)
+            by_day[(day, "q")] += int(q)
+        totals: Counter[tuple[str, str]] = Counter()
+        for day, n, q in conn.execute(select(SENT_DAY.c.day, SENT_DAY.c.events,
+                                             SENT_DAY.c.quantity)):
+            totals[(day, "n")] += int(n)
+            totals[(day, "q")] += int(q)
+    assert +by_day == +totals
 
 
 class World:

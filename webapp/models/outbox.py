@@ -237,6 +237,11 @@ class SentUsageRollup(Base):
     events: Mapped[int] = mapped_column(BigInteger, default=0)
     quantity: Mapped[int] = mapped_column(BigInteger, default=0)
 
+    __table_args__ = (
+        # One tenant's days (its page's chart and usage) among 100,000 tenants' (0010).
+        Index("ix_usage_sent_rollup_tenant", "tenant_id", "day"),
+    )
+
 
 class SentUsageMonthly(Base):
     """The sent-usage rollup again by UTC month of occurrence (``YYYY-MM``), written in the
@@ -248,6 +253,23 @@ class SentUsageMonthly(Base):
     month: Mapped[str] = mapped_column(String(7), primary_key=True)
     tenant_id: Mapped[str] = mapped_column(String(100), primary_key=True)
     meter: Mapped[str] = mapped_column(String(100), primary_key=True)
+    events: Mapped[int] = mapped_column(BigInteger, default=0)
+    quantity: Mapped[int] = mapped_column(BigInteger, default=0)
+
+    __table_args__ = (
+        # One tenant's months (its page, ``usage --tenant``) among 100,000 tenants' (0010).
+        Index("ix_usage_sent_monthly_tenant", "tenant_id", "month"),
+    )
+
+
+class SentUsageDay(Base):
+    """The sent-usage rollup again per UTC day of occurrence, every tenant together
+    (migration 0010): the Overview's long-range chart reads 30 rows, not 30 days of every
+    tenant's rows."""
+
+    __tablename__ = "usage_sent_day"
+
+    day: Mapped[str] = mapped_column(String(10), primary_key=True)
     events: Mapped[int] = mapped_column(BigInteger, default=0)
     quantity: Mapped[int] = mapped_column(BigInteger, default=0)
 

@@ -33,6 +33,7 @@ from .sql import (
     EPOCH,
     PRUNED_ROLLUP,
     ROLLUP_STATE,
+    SENT_DAY,
     SENT_MONTHLY,
     SENT_ROLLUP,
     T,
@@ -139,6 +140,7 @@ def rebuild(engine: Engine, *, now: datetime, margin: timedelta) -> None:
     with engine.begin() as conn:
         conn.execute(delete(SENT_ROLLUP))
         conn.execute(delete(SENT_MONTHLY))
+        conn.execute(delete(SENT_DAY))
         conn.execute(delete(ATTEMPT_ROLLUP))
         conn.execute(sa_update(ROLLUP_STATE).where(ROLLUP_STATE.c.name.in_(ROLLUPS))
                      .values(watermark=EPOCH, id_mark=0, events=0, quantity=0))
@@ -189,15 +191,26 @@ def _fold_sent(conn: Connection, mark: Mark, high: datetime) -> None:
 
 
 def add_sent(conn: Connection, groups: Sequence[tuple[str, str, str, int, int]]) -> None:
-    """Add (day, tenant, meter, events, units) to the daily sent rollup and its monthly
-    twin, in the caller's transaction; negative numbers take away."""
+    """Add (day, tenant, meter, events, units) to the daily sent rollup, its monthly twin
+    and the all-tenant day totals, in the caller's transaction; negative numbers take
+    away."""
     if not groups:
         return
     months: dict[tuple[str, str, str], list[int]] = {}
+    days: dict[str, list[int]] = {}
     for day, tenant, meter, events, quantity in groups:
         m = months.setdefault((day[:7], tenant, meter), [0, 0])
         m[0] += events
         m[1] += quantity
+        d = days.setdefault(day, [0, 0])
+        d[0] += events
+        d[1] += quantity
+    ins = insert_for(conn, SENT_DAY)
+    conn.execute(ins.on_conflict_do_update(
+        index_elements=[SENT_DAY.c.day],
+        set_={"events": SENT_DAY.c.events + ins.excluded.events,
+              "quantity": SENT_DAY.c.quantity + ins.excluded.quantity}),
+        [dict(day=k, events=v[0], quantity=v[1]) for k, v in sorted(days.items())])
     for table, key, rows in (
             (SENT_ROLLUP, "day", [dict(day=d, tenant_id=t, meter=m, events=n, quantity=q)
                                   for d, t, m, n, q in groups]),

@@ -51,6 +51,7 @@ from ..models import (
     ReconciliationMismatch,
     ReconciliationRun,
     RollupState,
+    SentUsageDay,
     SentUsageMonthly,
     SentUsageRollup,
     StripeErrorSample,
@@ -76,6 +77,7 @@ HEARTBEATS = cast(Table, DrainerHeartbeat.__table__)
 ROLLUP_STATE = cast(Table, RollupState.__table__)
 SENT_ROLLUP = cast(Table, SentUsageRollup.__table__)
 SENT_MONTHLY = cast(Table, SentUsageMonthly.__table__)
+SENT_DAY = cast(Table, SentUsageDay.__table__)
 PRUNED_ROLLUP = cast(Table, PrunedUsageRollup.__table__)
 ATTEMPT_ROLLUP = cast(Table, AttemptRollup.__table__)
 STRIPE_METERS = cast(Table, StripeMeter.__table__)

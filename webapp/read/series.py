@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import Connection, Select, func, literal, literal_column, select, union_all
 
 from ..outbox.rollups import SENT_USAGE, live_sent, read_mark
-from ..outbox.sql import SENT_ROLLUP, T, epoch_bucket, int_sum, status_is, utc_day
+from ..outbox.sql import SENT_DAY, SENT_ROLLUP, T, epoch_bucket, int_sum, status_is, utc_day
 
 
 @dataclass(frozen=True)
@@ -89,9 +89,12 @@ def sent_by_occurrence_day(conn: Connection, last_day: date, days: int,
     lo = datetime(first_day.year, first_day.month, first_day.day, tzinfo=UTC)
     hi = datetime(last_day.year, last_day.month, last_day.day, tzinfo=UTC) + timedelta(days=1)
     mark = read_mark(conn, SENT_USAGE)
+    # Every tenant: the day totals (one row a day); one tenant: its rows of the daily rollup
+    # (ix_usage_sent_rollup_tenant).
+    table = SENT_DAY if tenant_id is None else SENT_ROLLUP
     folded: Select[Any, Any] = select(
-        SENT_ROLLUP.c.day.label("day"), SENT_ROLLUP.c.events.label("events")).where(
-        SENT_ROLLUP.c.day >= first_day.isoformat(), SENT_ROLLUP.c.day <= last_day.isoformat())
+        table.c.day.label("day"), table.c.events.label("events")).where(
+        table.c.day >= first_day.isoformat(), table.c.day <= last_day.isoformat())
     live: Select[Any, Any] = select(
         utc_day(T.c.occurred_at).label("day"), literal_column("1").label("events")).where(
         live_sent(mark), T.c.occurred_at >= lo, T.c.occurred_at < hi)
