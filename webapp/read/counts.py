@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import Connection, func, select, union_all
 
@@ -76,10 +77,10 @@ class UnmappedTenant:
     oldest_occurred_at: datetime | None
 
 
-def unmapped_tenants(conn: Connection, limit: int = 50) -> list[UnmappedTenant]:
-    """Tenants with events waiting only because they have no Stripe customer yet."""
-    # Per tenant first (a hash of a few hundred groups), then the mapping test once per
-    # tenant, not once per waiting event.
+def waiting_unmapped() -> Any:
+    """Tenants with events waiting only for a customer, as a subquery (``tenant_id``, ``n``,
+    ``oldest``): per tenant first (a hash of the waiting events through ``ix_outbox_unsent``),
+    then one mapping test per tenant, not one per waiting event."""
     waiting = (select(T.c.tenant_id, func.count().label("n"),
                       func.min(T.c.occurred_at).label("oldest"))
                .where(status_in(("pending", "retrying")), IDLE_UNSENT,
@@ -88,9 +89,15 @@ def unmapped_tenants(conn: Connection, limit: int = 50) -> list[UnmappedTenant]:
     mapped = (select(TENANTS.c.tenant_id)
               .where(TENANTS.c.tenant_id == waiting.c.tenant_id,
                      TENANTS.c.stripe_customer_id.is_not(None)).exists())
-    rows = conn.execute(
-        select(waiting.c.tenant_id, waiting.c.n, waiting.c.oldest).where(~mapped)
-        .order_by(waiting.c.n.desc(), waiting.c.tenant_id).limit(limit))
+    return select(waiting.c.tenant_id, waiting.c.n, waiting.c.oldest).where(~mapped).subquery()
+
+
+def unmapped_tenants(conn: Connection, limit: int = 50) -> list[UnmappedTenant]:
+    """Tenants with events waiting only because they have no Stripe customer yet, the most
+    waiting first."""
+    waiting = waiting_unmapped()
+    rows = conn.execute(select(waiting.c.tenant_id, waiting.c.n, waiting.c.oldest)
+                        .order_by(waiting.c.n.desc(), waiting.c.tenant_id).limit(limit))
     return [UnmappedTenant(t, int(n), as_utc(o)) for t, n, o in rows]
 
 

@@ -11,8 +11,8 @@ from typing import Any
 from sqlalchemy import ColumnElement, Connection, Engine, func, or_, select
 
 from ..db import reading
-from ..outbox.sql import IDLE_UNSENT, TENANTS, T, as_utc, ascii_icontains, row_dict, status_in
-from .counts import UnmappedTenant
+from ..outbox.sql import TENANTS, as_utc, ascii_icontains, row_dict
+from .counts import UnmappedTenant, waiting_unmapped
 from .search import prefix_range
 
 #: Tenants on one page.
@@ -84,20 +84,6 @@ def _matches(text: str) -> ColumnElement[bool]:
                ascii_icontains(TENANTS.c.name, text))
 
 
-def _waiting_unmapped() -> Any:
-    """Tenants with events waiting only for a customer: per tenant first (a hash of the
-    waiting events through ``ix_outbox_unsent``), then one mapping test per tenant."""
-    waiting = (select(T.c.tenant_id, func.count().label("n"),
-                      func.min(T.c.occurred_at).label("oldest"))
-               .where(status_in(("pending", "retrying")), IDLE_UNSENT,
-                      T.c.stripe_customer_id.is_(None))
-               .group_by(T.c.tenant_id).subquery())
-    mapped = (select(TENANTS.c.tenant_id)
-              .where(TENANTS.c.tenant_id == waiting.c.tenant_id,
-                     TENANTS.c.stripe_customer_id.is_not(None)).exists())
-    return select(waiting.c.tenant_id, waiting.c.n, waiting.c.oldest).where(~mapped).subquery()
-
-
 def _unmapped(rows: Any) -> list[UnmappedTenant]:
     return [UnmappedTenant(r["tenant_id"], int(r["n"]), as_utc(r["oldest"])) for r in rows]
 
@@ -119,7 +105,7 @@ def waiting_for_customer(conn: Connection,
                          shown: int = UNMAPPED_SHOWN) -> tuple[list[UnmappedTenant], int]:
     """The ``shown`` tenants with the most events waiting for a customer, and how many
     tenants wait in all (in the same pass: the count is a window over every group)."""
-    waiting = _waiting_unmapped()
+    waiting = waiting_unmapped()
     rows = conn.execute(select(waiting, func.count().over().label("total")).order_by(
         waiting.c.n.desc(), waiting.c.tenant_id).limit(shown)).mappings().all()
     first = _unmapped(rows)
@@ -131,7 +117,7 @@ def unmapped_page(engine: Engine, query: MappingQuery) -> KeyPage:
     """Every tenant waiting for a customer, a page at a time in the order of their ids
     (``text``: ids that start with it)."""
     with reading(engine) as conn:
-        waiting = _waiting_unmapped()
+        waiting = waiting_unmapped()
         stmt = select(waiting)
         if query.text:
             stmt = stmt.where(prefix_range(waiting.c.tenant_id, query.text))

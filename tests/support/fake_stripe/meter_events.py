@@ -415,20 +415,10 @@ class MeterEventsMixin:
             if duplicate:
                 self._duplicates += 1
             else:
-                accepted = AcceptedEvent(identifier=identifier, event_name=event_name,
+                self._take(AcceptedEvent(identifier=identifier, event_name=event_name,
                                          customer=customer, value=value, timestamp=timestamp,
-                                         received_at=now, payload=payload)
-                problem = self._later_check(meter, customer, value)
-                if problem is not None:
-                    accepted.valid = False
-                    self._pending_errors.append(AsyncError(event_name, problem[0], problem[1],
-                                                           identifier))
-                if first is None:
-                    self._accepted[identifier] = accepted
-                else:  # the dedupe window had passed: Stripe takes it again
-                    self._also_accepted.append(accepted)
-                self._by_pair[(event_name, customer)].append(accepted)
-                self._accept_count += 1
+                                         received_at=now, payload=payload),
+                           self._later_check(meter, customer, value), again=first is not None)
         if duplicate:
             return invalid(f"{DUPLICATE_MESSAGE_PREFIX} {identifier}.")
         body = {
@@ -441,6 +431,21 @@ class MeterEventsMixin:
             "timestamp": timestamp,
         }
         return Response(200, to_json(body), save=True)
+
+    def _take(self, accepted: AcceptedEvent, problem: tuple[str, str] | None, *,
+              again: bool) -> None:
+        """Count an accepted event (lock held): its asynchronous error if Stripe finds one
+        after the 200, and a second acceptance once its dedupe window had passed."""
+        if problem is not None:
+            accepted.valid = False
+            self._pending_errors.append(AsyncError(accepted.event_name, problem[0], problem[1],
+                                                   accepted.identifier))
+        if again:
+            self._also_accepted.append(accepted)
+        else:
+            self._accepted[accepted.identifier] = accepted
+        self._by_pair[(accepted.event_name, accepted.customer)].append(accepted)
+        self._accept_count += 1
 
     def _later_check(self, meter: FakeMeter, customer: str, value: str
                      ) -> tuple[str, str] | None:

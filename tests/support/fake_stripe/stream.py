@@ -308,20 +308,11 @@ class StreamMixin:
                 payload = {str(k): str(v) for k, v in e["payload"].items()}
                 customer = payload.get(meter.customer_key if meter else "stripe_customer_id", "")
                 value = payload.get(meter.value_key if meter else "value", "")
-                accepted = AcceptedEvent(identifier=identifier, event_name=name,
+                self._take(AcceptedEvent(identifier=identifier, event_name=name,
                                          customer=customer, value=value, timestamp=timestamp,
-                                         received_at=now, payload=payload)
-                problem = self._stream_check(meter, name, customer, value, timestamp, now)
-                if problem is not None:
-                    accepted.valid = False
-                    self._pending_errors.append(AsyncError(name, problem[0], problem[1],
-                                                           identifier))
-                if first is None:
-                    self._accepted[identifier] = accepted
-                else:  # the dedupe window had passed: Stripe takes it again
-                    self._also_accepted.append(accepted)
-                self._by_pair[(name, customer)].append(accepted)
-                self._accept_count += 1
+                                         received_at=now, payload=payload),
+                           self._stream_check(meter, name, customer, value, timestamp, now),
+                           again=first is not None)
 
     def _stream_check(self, meter: FakeMeter | None, name: str, customer: str, value: str,
                       timestamp: int, now: float) -> tuple[str, str] | None:
