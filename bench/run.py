@@ -129,7 +129,7 @@ def render(rows: list[Row], machine: str, args: argparse.Namespace, elapsed: flo
                    f"{r.note} |")
     floors = [r for r in rows if r.floor_name]
     if floors:
-        out += ["", "Floors of issue 5:", ""]
+        out += ["", "Floors (the issues that set them are named in the README):", ""]
         out += [f"- {r.floor_name}: **{r.verdict}** ({r.figure})" for r in floors]
     return "\n".join(out) + "\n"
 
