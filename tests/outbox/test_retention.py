@@ -293,7 +293,7 @@ def test_a_pruned_events_id_is_never_given_again(engine, seed) -> None:
 
 
 def test_split_months() -> None:
-    from webapp.read.tenants import split_months
+    from webapp.read.usage_sources import split_months
 
     d = date
     assert split_months(d(2026, 1, 1), d(2026, 12, 31)) == (("2026-01", "2026-12"), [])

@@ -371,7 +371,7 @@ def test_part_of_a_month_reads_the_monthly_row_only_when_the_rest_is_empty(engin
     (one row per tenant instead of one per day); otherwise the days are read one by one."""
     from datetime import date
 
-    from webapp.read.usage_table import _months_and_days
+    from webapp.read.usage_sources import _months_and_days
 
     rows = [dict(day=d, tenant_id="a", meter="m", events=1, quantity=10)
             for d in ("2026-10-30", "2026-11-01", "2026-11-05", "2026-11-20")]

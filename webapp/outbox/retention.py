@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -254,17 +254,3 @@ def pruned_totals(conn: Connection) -> tuple[int, int, datetime | None]:
         return 0, 0, None
     at = as_utc(row.watermark)
     return int(row.events), int(row.quantity), (None if at == EPOCH else at)
-
-
-def pruned_usage(conn: Connection, *, start: str, end: str, statuses: Iterable[str],
-                 tenant_id: str | None = None) -> Any:
-    """The pruned rollup's (tenant, meter, status, events, units) for days ``start``…``end``
-    (``YYYY-MM-DD``, inclusive) and the given statuses."""
-    stmt = (select(PRUNED_ROLLUP.c.tenant_id, PRUNED_ROLLUP.c.meter, PRUNED_ROLLUP.c.status,
-                   func.sum(PRUNED_ROLLUP.c.events), func.sum(PRUNED_ROLLUP.c.quantity))
-            .where(PRUNED_ROLLUP.c.day >= start, PRUNED_ROLLUP.c.day <= end,
-                   PRUNED_ROLLUP.c.status.in_(list(statuses)))
-            .group_by(PRUNED_ROLLUP.c.tenant_id, PRUNED_ROLLUP.c.meter, PRUNED_ROLLUP.c.status))
-    if tenant_id is not None:
-        stmt = stmt.where(PRUNED_ROLLUP.c.tenant_id == tenant_id)
-    return conn.execute(stmt).all()

@@ -5,22 +5,16 @@ is ``usage_table``; the paged mappings, ``mappings``."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, date, datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, func, literal_column, select, union_all
+from sqlalchemy import Connection, Engine, func, select, union_all
 
 from ..db import reading
-from ..outbox.retention import PRUNABLE, pruned_usage
-from ..outbox.rollups import SENT_USAGE, Mark, live_sent, read_mark
 from ..outbox.sql import (
     IDLE_UNSENT,
-    IN_FLIGHT,
-    SENT_MONTHLY,
-    SENT_ROLLUP,
     TENANTS,
     T,
-    int_sum,
     row_dict,
     sql_str,
     status_in,
@@ -29,12 +23,11 @@ from ..outbox.sql import (
 )
 from .paging import Cursor, Page, keyset
 from .series import Bucket, sent_by_occurrence_day
+from .usage_sources import USAGE_STATUSES, usage_pieces
 
-#: The usage table's columns. Rejected and cancelled events were accepted by Stripe but are
-#: not billed: they are shown apart from ``sent``, never inside it.
-USAGE_STATUSES = ("sent", "pending", "retrying", "rejected", "dead", "cancelled", "resolved")
-#: Statuses whose pruned events are read from the pruned-usage rollup.
-PRUNED_APART = tuple(s for s in PRUNABLE if s != "sent")
+__all__ = ["USAGE_STATUSES", "Usage", "UsageRow", "month_start", "tenant_detail",
+           "tenant_usage", "tenants_list", "usage_in"]
+
 
 
 @dataclass
@@ -77,51 +70,27 @@ def tenant_usage(engine: Engine, *, start: date, end: date,
 def usage_in(conn: Connection, *, start: date, end: date,
              tenant_id: str | None = None, in_flight_apart: bool = False) -> Usage:
     """Usage per tenant and meter for events that *occurred* (Stripe bills by the event's
-    timestamp) on UTC days ``start``…``end`` inclusive: events and quantities by status.
-    Processing counts as pending (the page's columns), or as ``processing`` of its own with
-    ``in_flight_apart`` (the ``usage`` command: a pair for every status). Sent comes from
-    the rollup plus the rows past its mark; the rest through ``ix_outbox_unsent``. Raises
+    timestamp) on UTC days ``start``…``end`` inclusive: events and quantities by status,
+    from :func:`~webapp.read.usage_sources.usage_pieces` (the sources the paged table sums
+    too). Processing counts as pending (the page's columns), or as ``processing`` of its own
+    with ``in_flight_apart`` (the ``usage`` command: a pair for every status). Raises
     ``ValueError`` for a period that ends before it starts."""
-    if end < start:
-        raise ValueError("the period ends before it starts")
-    lo = datetime(start.year, start.month, start.day, tzinfo=UTC)
-    hi = datetime(end.year, end.month, end.day, tzinfo=UTC) + timedelta(days=1)
+    sent, other = usage_pieces(conn, start, end, tenant_id, in_flight_apart=in_flight_apart)
     table: dict[tuple[str, str], UsageRow] = {}
 
-    def row(t: str, m: str) -> UsageRow:
+    def add(t: str, m: str, status: str, n: int, q: int) -> None:
         r = table.get((t, m))
         if r is None:
             r = table[(t, m)] = UsageRow(t, m)
             if in_flight_apart:
                 r.events["processing"] = r.quantity["processing"] = 0
-        return r
+        r.events[status] += int(n)
+        r.quantity[status] += int(q)
 
-    mark = read_mark(conn, SENT_USAGE)
-    for t, m, n, q in conn.execute(_sent_usage(mark, lo, hi, start, end, tenant_id)).all():
-        r = row(t, m)
-        r.events["sent"] += int(n)
-        r.quantity["sent"] += int(q)
-    span = [T.c.occurred_at >= lo, T.c.occurred_at < hi]
-    if tenant_id is not None:
-        span.append(T.c.tenant_id == tenant_id)
-    for where in ((status_in(tuple(s for s in USAGE_STATUSES if s != "sent")), IDLE_UNSENT),
-                  (IN_FLIGHT,)):
-        for t, m, s, n, q in conn.execute(
-                select(T.c.tenant_id, T.c.meter, T.c.status, func.count(),
-                       int_sum(T.c.quantity))
-                .where(*where, *span).group_by(T.c.tenant_id, T.c.meter, T.c.status)
-        ).all():
-            status = "pending" if s == "processing" and not in_flight_apart else s
-            r = row(t, m)
-            r.events[status] += int(n)
-            r.quantity[status] += int(q)
-    # Resolved and cancelled events past retention are counted in the pruned-usage rollup
-    # (pruned sent events stay in the sent rollup, read above).
-    for t, m, s, n, q in pruned_usage(conn, start=start.isoformat(), end=end.isoformat(),
-                                      statuses=PRUNED_APART, tenant_id=tenant_id):
-        r = row(t, m)
-        r.events[s] += int(n)
-        r.quantity[s] += int(q)
+    for t, m, n, q in conn.execute(union_all(*sent)).all():
+        add(t, m, "sent", n, q)
+    for t, m, s, n, q in conn.execute(union_all(*other)).all():
+        add(t, m, s, n, q)
     ids = sorted({t for t, _ in table})
     tenants = {t.tenant_id: t for t in conn.execute(
         select(TENANTS.c.tenant_id, TENANTS.c.name, TENANTS.c.stripe_customer_id)
@@ -131,56 +100,6 @@ def usage_in(conn: Connection, *, start: date, end: date,
             r.name = tenants[t].name
             r.stripe_customer_id = tenants[t].stripe_customer_id
     return Usage(start, end, sorted(table.values(), key=lambda r: (r.tenant_id, r.meter)))
-
-
-def _sent_usage(mark: Mark, lo: datetime, hi: datetime, start: date, end: date,
-                tenant_id: str | None) -> Any:
-    """Folded usage (whole months from the monthly rollup, the days around them from the
-    daily one) plus the rows not folded yet."""
-    months, days = split_months(start, end)
-    parts: list[Any] = []
-    if months is not None:
-        parts.append(select(SENT_MONTHLY.c.tenant_id, SENT_MONTHLY.c.meter,
-                            SENT_MONTHLY.c.events.label("events"),
-                            SENT_MONTHLY.c.quantity.label("quantity")).where(
-            SENT_MONTHLY.c.month >= months[0], SENT_MONTHLY.c.month <= months[1]))
-    for first, last in days:
-        parts.append(select(SENT_ROLLUP.c.tenant_id, SENT_ROLLUP.c.meter,
-                            SENT_ROLLUP.c.events.label("events"),
-                            SENT_ROLLUP.c.quantity.label("quantity")).where(
-            SENT_ROLLUP.c.day >= first.isoformat(), SENT_ROLLUP.c.day <= last.isoformat()))
-    live = select(T.c.tenant_id, T.c.meter, literal_column("1").label("events"),
-                  T.c.quantity.label("quantity")).where(
-        live_sent(mark), T.c.occurred_at >= lo, T.c.occurred_at < hi)
-    if tenant_id is not None:
-        parts = [p.where(p.selected_columns.tenant_id == tenant_id) for p in parts]
-        live = live.where(T.c.tenant_id == tenant_id)
-    both = union_all(*parts, live).subquery()
-    return (select(both.c.tenant_id, both.c.meter, int_sum(both.c.events),
-                   int_sum(both.c.quantity))
-            .group_by(both.c.tenant_id, both.c.meter))
-
-
-def split_months(start: date, end: date) -> tuple[tuple[str, str] | None,
-                                                  list[tuple[date, date]]]:
-    """Days ``start``…``end`` as the whole months among them (first and last ``YYYY-MM``,
-    or None) and the stretches of days before and after them (inclusive pairs)."""
-    first = start if start.day == 1 else _next_month(start)
-    after = end + timedelta(days=1)
-    stop = after if after.day == 1 else after.replace(day=1)   # first day past the months
-    if first >= stop:
-        return None, [(start, end)]
-    days = []
-    if start < first:
-        days.append((start, first - timedelta(days=1)))
-    if stop <= end:
-        days.append((stop, end))
-    last = stop - timedelta(days=1)
-    return (first.isoformat()[:7], last.isoformat()[:7]), days
-
-
-def _next_month(d: date) -> date:
-    return (d.replace(day=28) + timedelta(days=4)).replace(day=1)
 
 
 def tenants_list(conn: Connection) -> list[dict[str, Any]]:

@@ -2,21 +2,18 @@
 and filtered in the database, with the period's totals; and every row of it for the CSV,
 streamed.
 
-The numbers are :func:`webapp.read.tenants.usage_in`'s, computed in SQL rather than in Python:
-the same sources (:func:`usage_pieces`: the sent rollups, by month where a month's row can
-stand for the period's days and by day elsewhere, the sent rows past their mark, the unsent
-rows, the rows in flight as pending, the pruned-usage rollup) summed per tenant × meter, then
-per status. At 100,000 tenants the page reads every row of the period once (the totals need
-them all) and sends 50 to the browser; no statement carries one parameter per tenant. When
-``usage_in`` gains a source, :func:`usage_pieces` must gain it too (the random-history test in
-``tests/web/test_tenants_paged.py`` compares the two).
+The numbers are :func:`webapp.read.tenants.usage_in`'s: both read
+:func:`webapp.read.usage_sources.usage_pieces`; this module sums them per tenant × meter and
+per status in SQL, where ``usage_in`` sums them in Python. At 100,000 tenants the page reads
+every row of the period once (the totals need them all) and sends 50 to the browser; no
+statement carries one parameter per tenant.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, timedelta
+from datetime import date, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
@@ -37,24 +34,17 @@ from sqlalchemy import (
 from sqlalchemy import cast as sql_cast
 
 from ..db import reading
-from ..outbox.rollups import SENT_USAGE, live_sent, read_mark
 from ..outbox.sql import (
-    IDLE_UNSENT,
-    IN_FLIGHT,
-    PRUNED_ROLLUP,
-    SENT_MONTHLY,
-    SENT_ROLLUP,
     TENANTS,
-    T,
     ascii_icontains,
     int_sum,
     sql_str,
-    status_in,
 )
 from .counts import Freshness, UnmappedTenant, rollup_freshness
 from .mappings import waiting_for_customer
 from .search import prefix_range
-from .tenants import PRUNED_APART, USAGE_STATUSES, UsageRow, split_months
+from .tenants import UsageRow
+from .usage_sources import USAGE_STATUSES, period_bounds, usage_pieces
 
 #: The orders the table can be sorted in: key -> what it sorts by (ties: tenant, then meter).
 SORTS = ("tenant", "sent_units", "sent_events", "waiting_events", "dead_events")
@@ -96,108 +86,6 @@ class UsageTable:
     @property
     def pages(self) -> int:
         return max(1, -(-self.matching // self.query.per_page))
-
-
-def _bounds(start: date, end: date) -> tuple[datetime, datetime]:
-    if end < start:
-        raise ValueError("the period ends before it starts")
-    lo = datetime(start.year, start.month, start.day, tzinfo=UTC)
-    return lo, datetime(end.year, end.month, end.day, tzinfo=UTC) + timedelta(days=1)
-
-
-def usage_pieces(conn: Connection, start: date, end: date,
-                 tenant_id: str | None = None) -> tuple[list[Any], list[Any]]:
-    """Every source of the period's usage, the way ``usage_in`` reads them, each summed per
-    tenant and meter: sent (``(tenant_id, meter, events, quantity)`` selects: whole months
-    from the monthly rollup, the days around them from the daily one, plus the rows past
-    its mark), and the other statuses (``(tenant_id, meter, status, events, quantity)``:
-    through ``ix_outbox_unsent``, events in flight as pending, pruned resolved and
-    cancelled events from the pruned-usage rollup)."""
-    lo, hi = _bounds(start, end)
-    span = [T.c.occurred_at >= lo, T.c.occurred_at < hi]
-    if tenant_id is not None:
-        span.append(T.c.tenant_id == tenant_id)
-    unsent = status_in(tuple(s for s in USAGE_STATUSES if s != "sent"))
-    mark = read_mark(conn, SENT_USAGE)
-    months, days = _months_and_days(conn, start, end)
-    sent: list[Any] = []
-    if months:                     # a row per tenant and meter and month
-        sent.append(_summed(SENT_MONTHLY, SENT_MONTHLY.c.month.in_(months),
-                            tenant_id=tenant_id))
-    for first, last in days:       # the other days, a row per tenant and meter and day
-        sent.append(_summed(SENT_ROLLUP, SENT_ROLLUP.c.day >= first.isoformat(),
-                            SENT_ROLLUP.c.day <= last.isoformat(), tenant_id=tenant_id))
-    sent.append(select(T.c.tenant_id, T.c.meter, func.count().label("events"),
-                       int_sum(T.c.quantity).label("quantity"))
-                .where(live_sent(mark), *span).group_by(T.c.tenant_id, T.c.meter))
-    other = [
-        select(T.c.tenant_id, T.c.meter, T.c.status, func.count().label("events"),
-               int_sum(T.c.quantity).label("quantity"))
-        .where(unsent, IDLE_UNSENT, *span).group_by(T.c.tenant_id, T.c.meter, T.c.status),
-        select(T.c.tenant_id, T.c.meter, sql_str("pending").label("status"),
-               func.count().label("events"), int_sum(T.c.quantity).label("quantity"))
-        .where(IN_FLIGHT, *span).group_by(T.c.tenant_id, T.c.meter),
-    ]
-    # Resolved and cancelled events past retention, from the pruned-usage rollup (pruned
-    # sent events stay in the sent rollups, read above).
-    pruned = (select(PRUNED_ROLLUP.c.tenant_id, PRUNED_ROLLUP.c.meter, PRUNED_ROLLUP.c.status,
-                     int_sum(PRUNED_ROLLUP.c.events).label("events"),
-                     int_sum(PRUNED_ROLLUP.c.quantity).label("quantity"))
-              .where(PRUNED_ROLLUP.c.day >= start.isoformat(),
-                     PRUNED_ROLLUP.c.day <= end.isoformat(),
-                     PRUNED_ROLLUP.c.status.in_([sql_str(s) for s in PRUNED_APART]))
-              .group_by(PRUNED_ROLLUP.c.tenant_id, PRUNED_ROLLUP.c.meter,
-                        PRUNED_ROLLUP.c.status))
-    if tenant_id is not None:
-        pruned = pruned.where(PRUNED_ROLLUP.c.tenant_id == tenant_id)
-    return sent, other + [pruned]
-
-
-def _months_and_days(conn: Connection, start: date,
-                     end: date) -> tuple[list[str], list[tuple[date, date]]]:
-    """The months (``YYYY-MM``) whose monthly rollup row can stand for days ``start``…``end``,
-    and the stretches of days that must be read day by day. Whole months can (as
-    ``split_months`` says); so can part of a month when the daily rollup holds nothing for
-    the rest of that month, as for "this month so far": nothing has occurred after today
-    (one probe of the daily rollup's key each). At 100,000 tenants on the 30th, this month
-    is then 100,000 rows to sum instead of 3,000,000."""
-    whole, stretches = split_months(start, end)
-    months: list[str] = []
-    if whole is not None:
-        first = date.fromisoformat(whole[0] + "-01")
-        while first.isoformat()[:7] <= whole[1]:
-            months.append(first.isoformat()[:7])
-            first = _next_month(first)
-    days: list[tuple[date, date]] = []
-    for a, b in stretches:
-        while a <= b:              # each stretch month by month
-            month_first = a.replace(day=1)
-            month_last = _next_month(a) - timedelta(days=1)
-            last = min(b, month_last)
-            rest = conn.execute(select(SENT_ROLLUP.c.day).where(or_(
-                and_(SENT_ROLLUP.c.day >= month_first.isoformat(),
-                     SENT_ROLLUP.c.day < a.isoformat()),
-                and_(SENT_ROLLUP.c.day > last.isoformat(),
-                     SENT_ROLLUP.c.day <= month_last.isoformat()))).limit(1)).first()
-            if rest is None:
-                months.append(a.isoformat()[:7])
-            else:
-                days.append((a, last))
-            a = last + timedelta(days=1)
-    return months, days
-
-
-def _next_month(d: date) -> date:
-    return (d.replace(day=28) + timedelta(days=4)).replace(day=1)
-
-
-def _summed(table: Any, *where: Any, tenant_id: str | None) -> Any:
-    """A sent rollup's events and units per tenant and meter, over the rows ``where``."""
-    if tenant_id is not None:
-        where = (*where, table.c.tenant_id == tenant_id)
-    return (select(table.c.tenant_id, table.c.meter, int_sum(table.c.events).label("events"),
-                   int_sum(table.c.quantity).label("quantity"))
-            .where(*where).group_by(table.c.tenant_id, table.c.meter))
 
 
 #: The statuses other than sent, in the table's order.
@@ -281,15 +169,9 @@ def _filter(u: Any, query: UsageQuery) -> list[ColumnElement[bool]]:
 
 
 def _row(m: Any) -> UsageRow:
-    r = UsageRow(m["tenant_id"], m["meter"], m["name"], m["stripe_customer_id"])
-    for s in USAGE_STATUSES:
-        r.events[s] = int(m[f"{s}_events"] or 0)
-        r.quantity[s] = int(m[f"{s}_units"] or 0)
-    return r
-
-
-def _total(m: Any) -> UsageRow:
-    r = UsageRow("", "")
+    """A row of the statement as a ``UsageRow`` (a totals row: no tenant, meter or name)."""
+    r = (UsageRow(m["tenant_id"], m["meter"], m["name"], m["stripe_customer_id"])
+         if m["tenant_id"] is not None else UsageRow("", ""))
     for s in USAGE_STATUSES:
         r.events[s] = int(m[f"{s}_events"] or 0)
         r.quantity[s] = int(m[f"{s}_units"] or 0)
@@ -367,7 +249,7 @@ def usage_table(conn: Connection, query: UsageQuery) -> UsageTable:
         _bytewise(conn, parts.c.tenant_id), _bytewise(conn, parts.c.meter))).mappings().all()
     everything, matching, rows = got[0], got[1], got[2:]
     return UsageTable(query, [_row(m) for m in rows], int(everything["n"]), int(matching["n"]),
-                      _total(everything), _total(matching))
+                      _row(everything), _row(matching))
 
 
 def usage_rows_streamed(engine: Engine, *, start: date, end: date,
@@ -375,7 +257,7 @@ def usage_rows_streamed(engine: Engine, *, start: date, end: date,
     """Every tenant × meter row of the period, by tenant then meter, read a thousand at a
     time (the CSV of 100,000 tenants never sits in memory whole). Raises ``ValueError`` for
     a period that ends before it starts (when first advanced)."""
-    _bounds(start, end)
+    period_bounds(start, end)
     with reading(engine) as conn:
         per = _per_row(conn, start, end, tenant_id).subquery()
         result = conn.execution_options(stream_results=True, yield_per=1000).execute(
