@@ -277,7 +277,9 @@ def test_a_pruned_events_id_is_never_given_again(engine, seed) -> None:
     old = now - timedelta(days=RETENTION + 3)
     ids = seed.events(3, now=old, status="resolved")
     seed.attempt(ids[1], attempted_at=old)
+    preview = prune(engine, now=now, retention_days=RETENTION, dry_run=True)
     result = prune(engine, now=now, retention_days=RETENTION)
+    assert preview.pruned == result.pruned      # a dry run counts what a prune removes
     kept = set(_snapshot(engine))
     if engine.dialect.name == "sqlite":
         assert kept == {ids[1], ids[2]} and result.pruned == 1

@@ -140,9 +140,8 @@ def prune(engine: Engine, *, now: datetime, retention_days: int,
                 (T.c.sent_at >= mark.at,), (T.c.sent_at < mark.at, T.c.id > mark.id)))
         if dry_run:
             for status in PRUNABLE:
-                n = int(conn.execute(select(func.count()).where(*_candidates(status, cutoff,
-                                                                             mark)))
-                        .scalar_one())
+                n = int(conn.execute(select(func.count()).where(
+                    *_candidates(conn, status, cutoff, mark))).scalar_one())
                 result.by_status[status] = n
                 result.pruned += n
             result.seconds = time.monotonic() - started
@@ -182,10 +181,18 @@ def _past(cutoff: datetime, status: str) -> list[Any]:
     return where
 
 
-def _candidates(status: str, cutoff: datetime, mark: Any) -> list[Any]:
+def _candidates(conn: Connection, status: str, cutoff: datetime, mark: Any) -> list[Any]:
+    """What a prune (and its dry run) removes of ``status``."""
     where = _past(cutoff, status)
     if status == "sent":  # only what the sent rollup holds
         where += [T.c.sent_at < mark.at, T.c.id <= mark.id]
+    if conn.dialect.name != "postgresql":
+        # SQLite hands out max(id) + 1 when a table has no AUTOINCREMENT: deleting the newest
+        # event or call would give its id to the next one, and ids name events in links, the
+        # audit log and the rollups' id marks. The newest of each stays (until newer come).
+        newest_call = select(ATTEMPTS.c.event_id).order_by(ATTEMPTS.c.id.desc()).limit(1)
+        where += [T.c.id < select(func.max(T.c.id)).scalar_subquery(),
+                  T.c.id != func.coalesce(newest_call.scalar_subquery(), 0)]
     return where
 
 
@@ -195,17 +202,10 @@ def _prune_batch(conn: Connection, status: str, cutoff: datetime,
     Returns (events, calls) removed."""
     mark = read_mark(conn, SENT_USAGE)  # only ever moves forward: what it held, it holds
     order = T.c.sent_at if status == "sent" else T.c.occurred_at
-    pick = (select(T.c.id).where(*_candidates(status, cutoff, mark))
+    pick = (select(T.c.id).where(*_candidates(conn, status, cutoff, mark))
             .order_by(order).limit(batch_size))
     if conn.dialect.name == "postgresql":
         pick = pick.with_for_update(skip_locked=True)
-    else:
-        # SQLite hands out max(id) + 1 when a table has no AUTOINCREMENT: deleting the newest
-        # event or call would give its id to the next one, and ids name events in links, the
-        # audit log and the rollups' id marks. The newest of each stays (until newer come).
-        newest_call = select(ATTEMPTS.c.event_id).order_by(ATTEMPTS.c.id.desc()).limit(1)
-        pick = pick.where(T.c.id < select(func.max(T.c.id)).scalar_subquery(),
-                          T.c.id != func.coalesce(newest_call.scalar_subquery(), 0))
     ids = [int(i) for i in conn.execute(pick).scalars()]
     if not ids:
         return 0, 0
