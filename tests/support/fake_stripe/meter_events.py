@@ -10,7 +10,7 @@ import secrets
 import threading
 import time
 from collections import defaultdict, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl
@@ -166,14 +166,7 @@ class MeterEventsMixin:
         with self._lock:
             self._calls += 1
             fault = self._next_fault_locked(params.get("identifier"))
-            self._in_flight += 1
-            if self._in_flight > self._max_in_flight:
-                self._max_in_flight = self._in_flight
-            if lane is not None:
-                running = self._lane_in_flight.get(lane, 0)
-                if running:
-                    self._overlaps[lane] = self._overlaps.get(lane, 0) + 1
-                self._lane_in_flight[lane] = running + 1
+            self._enter_locked([lane] if lane is not None else [])
             latency = self._latency
             entry["fault"] = fault_name(fault)
             self._log.append(entry)
@@ -190,13 +183,7 @@ class MeterEventsMixin:
             nonlocal settled
             settled = True
             with self._lock:
-                self._in_flight -= 1
-                if lane is not None:
-                    left = self._lane_in_flight.get(lane, 1) - 1
-                    if left > 0:
-                        self._lane_in_flight[lane] = left
-                    else:
-                        self._lane_in_flight.pop(lane, None)
+                self._leave_locked([lane] if lane is not None else [])
                 entry["ended"] = time.monotonic()
                 entry["status"] = None if resp is None or resp is DROP else resp.status
                 entry["fault_applied"] = fault_applied
@@ -431,6 +418,27 @@ class MeterEventsMixin:
             "timestamp": timestamp,
         }
         return Response(200, to_json(body), save=True)
+
+    def _enter_locked(self, lanes: Iterable[tuple[str, str]]) -> None:
+        """A call starts (lock held): counted in flight, and on each of its lanes; a lane
+        already busy counts an overlap."""
+        self._in_flight += 1
+        self._max_in_flight = max(self._max_in_flight, self._in_flight)
+        for lane in lanes:
+            running = self._lane_in_flight.get(lane, 0)
+            if running:
+                self._overlaps[lane] = self._overlaps.get(lane, 0) + 1
+            self._lane_in_flight[lane] = running + 1
+
+    def _leave_locked(self, lanes: Iterable[tuple[str, str]]) -> None:
+        """The call of :meth:`_enter_locked` is answered (lock held)."""
+        self._in_flight -= 1
+        for lane in lanes:
+            left = self._lane_in_flight.get(lane, 1) - 1
+            if left > 0:
+                self._lane_in_flight[lane] = left
+            else:
+                self._lane_in_flight.pop(lane, None)
 
     def _take(self, accepted: AcceptedEvent, problem: tuple[str, str] | None, *,
               again: bool) -> None:

@@ -165,13 +165,7 @@ class StreamMixin:
             self._stream_calls += 1
             aimed = next((i for i in ids if i in self._targeted), None)
             fault = self._next_fault_locked(aimed)
-            self._in_flight += 1
-            self._max_in_flight = max(self._max_in_flight, self._in_flight)
-            for lane in lanes:
-                running = self._lane_in_flight.get(lane, 0)
-                if running:
-                    self._overlaps[lane] = self._overlaps.get(lane, 0) + 1
-                self._lane_in_flight[lane] = running + 1
+            self._enter_locked(lanes)
             latency = self._latency
             entry["fault"] = fault_name(fault)
             self._stream_log.append(entry)
@@ -184,13 +178,7 @@ class StreamMixin:
                 time.sleep(delay)
         finally:
             with self._lock:
-                self._in_flight -= 1
-                for lane in lanes:
-                    left = self._lane_in_flight.get(lane, 1) - 1
-                    if left > 0:
-                        self._lane_in_flight[lane] = left
-                    else:
-                        self._lane_in_flight.pop(lane, None)
+                self._leave_locked(lanes)
                 entry["status"] = None if resp is DROP else resp.status
         if resp is DROP:
             handler.close_connection = True
