@@ -43,7 +43,7 @@ def actor() -> str:
         return f"cli:uid{os.getuid()}"
 
 
-def _parse_time(value: str) -> datetime:
+def parse_time(value: str) -> datetime:
     try:
         parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
@@ -256,7 +256,7 @@ def enqueue(tenant: str, quantity: int, key: str, meter: str | None,
 
     from ..outbox import enqueue_usage
 
-    when = _parse_time(occurred_at) if occurred_at else None
+    when = parse_time(occurred_at) if occurred_at else None
     with Session(_svc().engine) as db, db.begin():
         row = enqueue_usage(db, tenant_id=tenant, quantity=quantity, idempotency_key=key,
                             meter=meter or _svc().settings.stripe_meter_event_name,

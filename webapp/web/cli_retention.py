@@ -10,7 +10,7 @@ import click
 from flask import current_app
 
 from ..services import services_of
-from .cli import _parse_time, actor
+from .cli import actor, parse_time
 
 
 @click.command("prune")
@@ -29,7 +29,7 @@ def prune_command(dry_run: bool, as_json: bool, as_of: str | None) -> None:
     now = svc.clock()
     when: datetime = now
     if as_of is not None:
-        when = _parse_time(as_of)
+        when = parse_time(as_of)
         if when > now and not dry_run:
             raise click.UsageError("--as-of in the future only previews what would go: "
                                    "add --dry-run")
