@@ -505,7 +505,8 @@ LOADED_TABLES = ("stripe_usage_outbox", "stripe_usage_attempts", "audit_log",
                  "audit_log_events", "billing_tenants", "users", "stripe_meters",
                  "stripe_events", "stripe_error_samples", "reconciliation_runs",
                  "reconciliation_mismatches")
-ROLLUP_TABLES = ("usage_sent_rollup", "attempt_rollup", "rollup_state")
+ROLLUP_TABLES = ("usage_sent_rollup", "usage_sent_monthly", "usage_sent_yearly",
+                 "usage_sent_day", "attempt_rollup", "rollup_state")
 
 
 def maintain(engine: Any, command: str, tables: tuple[str, ...]) -> None:

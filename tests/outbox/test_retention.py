@@ -68,7 +68,7 @@ def _usage(engine: Any, start: date, end: date) -> Counter[tuple[str, str, str, 
 
 
 def _monthly_matches_daily(engine: Any) -> None:
-    from webapp.outbox.sql import SENT_DAY, SENT_MONTHLY, SENT_ROLLUP
+    from webapp.outbox.sql import SENT_DAY, SENT_MONTHLY, SENT_ROLLUP, SENT_YEARLY
 
     with engine.connect() as conn:
         daily: Counter[tuple[str, str, str]] = Counter()
@@ -84,6 +84,17 @@ def _monthly_matches_daily(engine: Any) -> None:
             monthly[(month, t, m, "n")] += int(n)
             monthly[(month, t, m, "q")] += int(q)
     assert +daily == +monthly
+    with engine.connect() as conn:
+        by_year: Counter[tuple[str, str, str, str]] = Counter()
+        for (month, t, m, what), n in monthly.items():
+            by_year[(month[:4], t, m, what)] += n
+        yearly: Counter[tuple[str, str, str, str]] = Counter()
+        for year, t, m, n, q in conn.execute(select(
+                SENT_YEARLY.c.year, SENT_YEARLY.c.tenant_id, SENT_YEARLY.c.meter,
+                SENT_YEARLY.c.events, SENT_YEARLY.c.quantity)):
+            yearly[(year, t, m, "n")] += int(n)
+            yearly[(year, t, m, "q")] += int(q)
+    assert +by_year == +yearly
     with engine.connect() as conn:
         by_day: Counter[tuple[str, str]] = Counter()
         for day, n, q in conn.execute(select(SENT_ROLLUP.c.day, SENT_ROLLUP.c.events,
@@ -292,21 +303,6 @@ def test_a_pruned_events_id_is_never_given_again(engine, seed) -> None:
     assert new > max(ids)
     with engine.connect() as conn:
         assert conn.execute(select(func.max(A.c.id))).scalar_one() > (highest_call or 0)
-
-
-def test_split_months() -> None:
-    from webapp.read.usage_sources import split_months
-
-    d = date
-    assert split_months(d(2026, 1, 1), d(2026, 12, 31)) == (("2026-01", "2026-12"), [])
-    assert split_months(d(2026, 1, 15), d(2026, 3, 10)) == (
-        ("2026-02", "2026-02"), [(d(2026, 1, 15), d(2026, 1, 31)), (d(2026, 3, 1), d(2026, 3, 10))])
-    assert split_months(d(2026, 1, 15), d(2026, 1, 20)) == (None, [(d(2026, 1, 15),
-                                                                   d(2026, 1, 20))])
-    assert split_months(d(2025, 12, 31), d(2026, 2, 1)) == (
-        ("2026-01", "2026-01"),
-        [(d(2025, 12, 31), d(2025, 12, 31)), (d(2026, 2, 1), d(2026, 2, 1))])
-    assert split_months(d(2024, 2, 1), d(2024, 2, 29)) == (("2024-02", "2024-02"), [])
 
 
 def test_whole_months_read_the_monthly_rollup_and_agree_with_the_rows(engine, seed) -> None:

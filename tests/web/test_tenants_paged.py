@@ -13,7 +13,14 @@ from typing import Any
 import pytest
 from sqlalchemy import event, insert
 
-from webapp.models import OutboxEvent, SentUsageMonthly, SentUsageRollup, Tenant
+from webapp.models import (
+    OutboxEvent,
+    SentUsageMonthly,
+    SentUsageRollup,
+    SentUsageYearly,
+    Tenant,
+)
+from webapp.outbox.rollups import add_sent
 from webapp.read import tenants as reads
 from webapp.read.usage_table import PER_PAGE, UsageQuery, usage_table
 
@@ -65,11 +72,9 @@ def load(engine: Any, n: int, now: datetime) -> None:
         ev(f"z-ghost-{k:02d}", "pending", 1)
     with engine.begin() as conn:
         conn.execute(insert(Tenant.__table__), tenants)
-        conn.execute(insert(SentUsageRollup.__table__), rollup)
-        # the monthly rollup holds the same (a whole month's period reads it)
-        conn.execute(insert(SentUsageMonthly.__table__),
-                     [{k: v for k, v in r.items() if k != "day"} | {"month": day[:7]}
-                      for r in rollup])
+        # through the rollups' one writer: the daily rows and their monthly and yearly sums
+        add_sent(conn, [(r["day"], r["tenant_id"], r["meter"], r["events"], r["quantity"])
+                        for r in rollup])
         conn.execute(insert(T), events)
 
 
@@ -366,12 +371,13 @@ def test_the_paged_table_and_the_file_equal_usage_in_after_a_random_history(
         assert _as_dicts(list(usage_rows_streamed(engine, start=a, end=b))) == _as_dicts(want)
 
 
-def test_part_of_a_month_reads_the_monthly_row_only_when_the_rest_is_empty(engine) -> None:
+def test_part_of_a_month_or_year_reads_its_row_only_when_the_rest_is_empty(engine) -> None:
     """"This month so far" is the month's row when nothing occurred after the period's end
-    (one row per tenant instead of one per day); otherwise the days are read one by one."""
+    (one row per tenant instead of one per day); otherwise the days are read one by one, or
+    the month less the few days outside the period. The numbers agree every way."""
     from datetime import date
 
-    from webapp.read.usage_sources import _months_and_days
+    from webapp.read.usage_sources import _probe, sent_plan
 
     rows = [dict(day=d, tenant_id="a", meter="m", events=1, quantity=10)
             for d in ("2026-10-30", "2026-11-01", "2026-11-05", "2026-11-20")]
@@ -380,24 +386,78 @@ def test_part_of_a_month_reads_the_monthly_row_only_when_the_rest_is_empty(engin
         conn.execute(insert(SentUsageMonthly.__table__), [
             dict(month="2026-10", tenant_id="a", meter="m", events=1, quantity=10),
             dict(month="2026-11", tenant_id="a", meter="m", events=3, quantity=30)])
-    with engine.connect() as conn:
-        assert _months_and_days(conn, date(2026, 11, 1), date(2026, 11, 25)) == (["2026-11"], [])
-        assert _months_and_days(conn, date(2026, 11, 1), date(2026, 11, 10)) == (
-            [], [(date(2026, 11, 1), date(2026, 11, 10))])
-        # nothing in October before the 15th: the month's row stands for its second half
-        assert _months_and_days(conn, date(2026, 10, 15), date(2026, 11, 30)) == (
-            ["2026-11", "2026-10"], [])
-        assert _months_and_days(conn, date(2026, 10, 2), date(2026, 11, 25)) == (
-            ["2026-10", "2026-11"], [])
-        assert _months_and_days(conn, date(2026, 10, 31), date(2026, 11, 19)) == (
-            [], [(date(2026, 10, 31), date(2026, 10, 31)), (date(2026, 11, 1),
-                                                           date(2026, 11, 19))])
-        assert _months_and_days(conn, date(2026, 11, 2), date(2026, 12, 3)) == (
-            ["2026-12"], [(date(2026, 11, 2), date(2026, 11, 30))])
+        conn.execute(insert(SentUsageYearly.__table__), [
+            dict(year="2026", tenant_id="a", meter="m", events=4, quantity=40)])
+
+    def plan(a: date, b: date) -> set[tuple[str, str, int]]:
+        with engine.connect() as conn:
+            return {(p.level, p.key, p.sign) for p in sent_plan(a, b, _probe(conn))}
+
+    # nothing after the 25th: the month's row
+    assert plan(date(2026, 11, 1), date(2026, 11, 25)) == {("month", "2026-11", 1)}
+    # the rest of the month holds more days than the period: the period's days
+    assert plan(date(2026, 11, 1), date(2026, 11, 10)) == {
+        ("day", f"2026-11-{d:02}", 1) for d in range(1, 11)}
+    # most of November: its row less the days after the 19th
+    assert plan(date(2026, 10, 31), date(2026, 11, 19)) == {
+        ("day", "2026-10-31", 1), ("month", "2026-11", 1), *{
+            ("day", f"2026-11-{d:02}", -1) for d in range(20, 31)}}
+    # nothing in 2026 outside the period: the year's row
+    assert plan(date(2026, 10, 30), date(2026, 12, 31)) == {("year", "2026", 1)}
     for a, b, sent in ((date(2026, 11, 1), date(2026, 11, 25), 30),
                        (date(2026, 11, 1), date(2026, 11, 10), 20),
-                       (date(2026, 10, 31), date(2026, 11, 19), 20)):
+                       (date(2026, 10, 31), date(2026, 11, 19), 20),
+                       (date(2026, 10, 30), date(2026, 10, 30), 10),
+                       (date(2026, 11, 2), date(2026, 11, 30), 20),
+                       (date(2025, 12, 1), date(2027, 1, 31), 40)):
         with engine.connect() as conn:
             table = usage_table(conn, UsageQuery(a, b))
         assert table.period_total.quantity["sent"] == sent == reads.tenant_usage(
-            engine, start=a, end=b).rows[0].quantity["sent"]
+            engine, start=a, end=b).rows[0].quantity["sent"], (a, b)
+
+
+def test_sent_plan_uses_few_rows_and_covers_each_day_once() -> None:
+    """The plan for any period, whatever days hold rows, counts every day holding rows
+    exactly once if it is in the period and not at all if not (an empty day counts for
+    nothing either way); long periods take years and months."""
+    import random
+    from collections import Counter
+    from datetime import date, timedelta
+
+    from webapp.read.usage_sources import sent_plan
+
+    def days_of(level: str, key: str) -> list[date]:
+        if level == "day":
+            return [date.fromisoformat(key)]
+        first = date.fromisoformat(key + ("-01-01" if level == "year" else "-01"))
+        out = []
+        while first.isoformat().startswith(key):
+            out.append(first)
+            first += timedelta(days=1)
+        return out
+
+    rng = random.Random(15)
+    origin = date(2024, 1, 1)
+    for _ in range(400):
+        a = origin + timedelta(days=rng.randint(0, 1000))
+        b = a + timedelta(days=rng.choice((0, 1, 17, 40, 200, 364, 400, 800)))
+        share = rng.choice((1.0, 0.3, 0.02))
+        last = b + timedelta(days=rng.choice((0, 5, 40, 900)))
+        held = {d for d in (origin + timedelta(days=i) for i in range(2500))
+                if d <= last and rng.random() < share}
+
+        def has_rows(x: date, y: date) -> bool:
+            return any(x <= d <= y for d in held)
+        count: Counter[date] = Counter()
+        pieces = sent_plan(a, b, has_rows)
+        for p in pieces:
+            for d in days_of(p.level, p.key):
+                count[d] += p.sign
+        wrong = [d for d in held if count[d] != (1 if a <= d <= b else 0)]
+        assert not wrong, (a, b, wrong[:3])
+        assert len(pieces) <= 34 * (b.year - a.year + 1), (a, b, pieces)
+    year = sent_plan(date(2025, 12, 2), date(2026, 12, 1), lambda x, y: x <= date(2026, 12, 1))
+    assert {(p.level, p.key, p.sign) for p in year} == {
+        ("year", "2026", 1), ("month", "2025-12", 1), ("day", "2025-12-01", -1)}
+
+

@@ -19,6 +19,7 @@ from .outbox import (
     SentUsageDay,
     SentUsageMonthly,
     SentUsageRollup,
+    SentUsageYearly,
     Tenant,
 )
 from .people import AuditEntry, AuditEvent, LoginThrottle, User
@@ -37,6 +38,7 @@ __all__ = [
     "OutboxEvent",
     "PrunedUsageRollup", "ReconciliationMismatch",
     "ReconciliationRun", "RollupState", "SentUsageDay", "SentUsageMonthly", "SentUsageRollup",
+    "SentUsageYearly",
     "StripeErrorSample", "StripeEvent",
     "StripeMeter", "SyncState", "TEXT_LIMIT", "Tenant", "UTCDateTime", "User", "clean", "fit",
     "fit_json_list", "fit_key", "fits", "limit_of", "utcnow",

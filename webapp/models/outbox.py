@@ -262,6 +262,21 @@ class SentUsageMonthly(Base):
     )
 
 
+class SentUsageYearly(Base):
+    """The sent-usage rollup again by UTC year of occurrence (``YYYY``), written in the same
+    transactions as the daily and monthly ones (migration 0011): a year of usage for 100,000
+    tenants reads one row per tenant and meter (less the months outside the period, when
+    those are fewer), not twelve."""
+
+    __tablename__ = "usage_sent_yearly"
+
+    year: Mapped[str] = mapped_column(String(4), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(100), primary_key=True)
+    meter: Mapped[str] = mapped_column(String(100), primary_key=True)
+    events: Mapped[int] = mapped_column(BigInteger, default=0)
+    quantity: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
 class SentUsageDay(Base):
     """The sent-usage rollup again per UTC day of occurrence, every tenant together
     (migration 0010): the Overview's long-range chart reads 30 rows, not 30 days of every

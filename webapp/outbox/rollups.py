@@ -36,6 +36,7 @@ from .sql import (
     SENT_DAY,
     SENT_MONTHLY,
     SENT_ROLLUP,
+    SENT_YEARLY,
     T,
     as_utc,
     insert_for,
@@ -140,6 +141,7 @@ def rebuild(engine: Engine, *, now: datetime, margin: timedelta) -> None:
     with engine.begin() as conn:
         conn.execute(delete(SENT_ROLLUP))
         conn.execute(delete(SENT_MONTHLY))
+        conn.execute(delete(SENT_YEARLY))
         conn.execute(delete(SENT_DAY))
         conn.execute(delete(ATTEMPT_ROLLUP))
         conn.execute(sa_update(ROLLUP_STATE).where(ROLLUP_STATE.c.name.in_(ROLLUPS))
@@ -191,20 +193,22 @@ def _fold_sent(conn: Connection, mark: Mark, high: datetime) -> None:
 
 
 def add_sent(conn: Connection, groups: Sequence[tuple[str, str, str, int, int]]) -> None:
-    """Add (day, tenant, meter, events, units) to the daily sent rollup, its monthly twin
-    and the all-tenant day totals, in the caller's transaction; negative numbers take
-    away."""
+    """Add (day, tenant, meter, events, units) to the daily sent rollup, its monthly and
+    yearly twins and the all-tenant day totals, in the caller's transaction; negative
+    numbers take away."""
     if not groups:
         return
     months: dict[tuple[str, str, str], list[int]] = {}
+    years: dict[tuple[str, str, str], list[int]] = {}
     days: dict[str, list[int]] = {}
     for day, tenant, meter, events, quantity in groups:
-        m = months.setdefault((day[:7], tenant, meter), [0, 0])
-        m[0] += events
-        m[1] += quantity
-        d = days.setdefault(day, [0, 0])
-        d[0] += events
-        d[1] += quantity
+        for by, group in ((months, (day[:7], tenant, meter)), (years, (day[:4], tenant, meter))):
+            counts = by.setdefault(group, [0, 0])
+            counts[0] += events
+            counts[1] += quantity
+        total = days.setdefault(day, [0, 0])
+        total[0] += events
+        total[1] += quantity
     ins = insert_for(conn, SENT_DAY)
     conn.execute(ins.on_conflict_do_update(
         index_elements=[SENT_DAY.c.day],
@@ -215,7 +219,9 @@ def add_sent(conn: Connection, groups: Sequence[tuple[str, str, str, int, int]])
             (SENT_ROLLUP, "day", [dict(day=d, tenant_id=t, meter=m, events=n, quantity=q)
                                   for d, t, m, n, q in groups]),
             (SENT_MONTHLY, "month", [dict(month=k[0], tenant_id=k[1], meter=k[2], events=v[0],
-                                          quantity=v[1]) for k, v in sorted(months.items())])):
+                                          quantity=v[1]) for k, v in sorted(months.items())]),
+            (SENT_YEARLY, "year", [dict(year=k[0], tenant_id=k[1], meter=k[2], events=v[0],
+                                        quantity=v[1]) for k, v in sorted(years.items())])):
         ins = insert_for(conn, table)
         conn.execute(ins.on_conflict_do_update(
             index_elements=[table.c[key], table.c.tenant_id, table.c.meter],

@@ -54,6 +54,7 @@ from ..models import (
     SentUsageDay,
     SentUsageMonthly,
     SentUsageRollup,
+    SentUsageYearly,
     StripeErrorSample,
     StripeEvent,
     StripeMeter,
@@ -77,6 +78,7 @@ HEARTBEATS = cast(Table, DrainerHeartbeat.__table__)
 ROLLUP_STATE = cast(Table, RollupState.__table__)
 SENT_ROLLUP = cast(Table, SentUsageRollup.__table__)
 SENT_MONTHLY = cast(Table, SentUsageMonthly.__table__)
+SENT_YEARLY = cast(Table, SentUsageYearly.__table__)
 SENT_DAY = cast(Table, SentUsageDay.__table__)
 PRUNED_ROLLUP = cast(Table, PrunedUsageRollup.__table__)
 ATTEMPT_ROLLUP = cast(Table, AttemptRollup.__table__)

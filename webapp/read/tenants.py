@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, func, select, union_all
+from sqlalchemy import Connection, Engine, func, select
 
 from ..db import reading
 from ..outbox.sql import (
@@ -19,11 +19,10 @@ from ..outbox.sql import (
     sql_str,
     status_in,
     status_is,
-    text_in,
 )
 from .paging import Cursor, Page, keyset
 from .series import Bucket, sent_by_occurrence_day
-from .usage_sources import USAGE_STATUSES, usage_pieces
+from .usage_sources import USAGE_STATUSES, bytewise, many_rows, per_row
 
 __all__ = ["USAGE_STATUSES", "Usage", "UsageRow", "month_start", "tenant_detail",
            "tenant_usage", "tenants_list", "usage_in"]
@@ -71,35 +70,25 @@ def usage_in(conn: Connection, *, start: date, end: date,
              tenant_id: str | None = None, in_flight_apart: bool = False) -> Usage:
     """Usage per tenant and meter for events that *occurred* (Stripe bills by the event's
     timestamp) on UTC days ``start``…``end`` inclusive: events and quantities by status,
-    from :func:`~webapp.read.usage_sources.usage_pieces` (the sources the paged table sums
-    too). Processing counts as pending (the page's columns), or as ``processing`` of its own
-    with ``in_flight_apart`` (the ``usage`` command: a pair for every status). Raises
-    ``ValueError`` for a period that ends before it starts."""
-    sent, other = usage_pieces(conn, start, end, tenant_id, in_flight_apart=in_flight_apart)
-    table: dict[tuple[str, str], UsageRow] = {}
-
-    def add(t: str, m: str, status: str, n: int, q: int) -> None:
-        r = table.get((t, m))
-        if r is None:
-            r = table[(t, m)] = UsageRow(t, m)
-            if in_flight_apart:
-                r.events["processing"] = r.quantity["processing"] = 0
-        r.events[status] += int(n)
-        r.quantity[status] += int(q)
-
-    for t, m, n, q in conn.execute(union_all(*sent)).all():
-        add(t, m, "sent", n, q)
-    for t, m, s, n, q in conn.execute(union_all(*other)).all():
-        add(t, m, s, n, q)
-    ids = sorted({t for t, _ in table})
-    tenants = {t.tenant_id: t for t in conn.execute(
-        select(TENANTS.c.tenant_id, TENANTS.c.name, TENANTS.c.stripe_customer_id)
-        .where(text_in(conn, TENANTS.c.tenant_id, ids)))} if ids else {}
-    for (t, _m), r in table.items():
-        if t in tenants:
-            r.name = tenants[t].name
-            r.stripe_customer_id = tenants[t].stripe_customer_id
-    return Usage(start, end, sorted(table.values(), key=lambda r: (r.tenant_id, r.meter)))
+    summed in the database by :func:`~webapp.read.usage_sources.per_row` (the statement the
+    paged table reads too), by tenant then meter. Processing counts as pending (the page's
+    columns), or as ``processing`` of its own with ``in_flight_apart`` (the ``usage``
+    command: a pair for every status). Raises ``ValueError`` for a period that ends before
+    it starts."""
+    statuses = USAGE_STATUSES + (("processing",) if in_flight_apart else ())
+    if tenant_id is None:
+        many_rows(conn)
+    per = per_row(conn, start, end, tenant_id, in_flight_apart=in_flight_apart).subquery()
+    events = [per.c[f"{s}_events"] for s in statuses]
+    units = [per.c[f"{s}_units"] for s in statuses]
+    result = conn.execute(select(per.c.tenant_id, per.c.meter, per.c.name,
+                                 per.c.stripe_customer_id, *events, *units)
+                          .order_by(bytewise(conn, per.c.tenant_id), bytewise(conn, per.c.meter)))
+    n = len(statuses)
+    rows = [UsageRow(r[0], r[1], r[2], r[3],
+                     dict(zip(statuses, map(int, r[4:4 + n]), strict=True)),
+                     dict(zip(statuses, map(int, r[4 + n:]), strict=True))) for r in result]
+    return Usage(start, end, rows)
 
 
 def tenants_list(conn: Connection) -> list[dict[str, Any]]:

@@ -21,11 +21,8 @@ from sqlalchemy import (
     ColumnElement,
     Connection,
     Engine,
-    and_,
-    case,
     func,
     literal,
-    literal_column,
     null,
     or_,
     select,
@@ -38,13 +35,20 @@ from ..outbox.sql import (
     TENANTS,
     ascii_icontains,
     int_sum,
-    sql_str,
 )
 from .counts import Freshness, UnmappedTenant, rollup_freshness
 from .mappings import waiting_for_customer
 from .search import prefix_range
 from .tenants import UsageRow
-from .usage_sources import USAGE_STATUSES, period_bounds, usage_pieces
+from .usage_sources import (
+    USAGE_STATUSES,
+    as_stored,
+    bytewise,
+    many_rows,
+    per_row,
+    period_bounds,
+    usage_pieces,
+)
 
 #: The orders the table can be sorted in: key -> what it sorts by (ties: tenant, then meter).
 SORTS = ("tenant", "sent_units", "sent_events", "waiting_events", "dead_events")
@@ -88,66 +92,13 @@ class UsageTable:
         return max(1, -(-self.matching // self.query.per_page))
 
 
-#: The statuses other than sent, in the table's order.
-UNSENT = tuple(s for s in USAGE_STATUSES if s != "sent")
-
-
-def _per_row(conn: Connection, start: date, end: date, tenant_id: str | None = None, *,
-             names: bool = True) -> Any:
-    """The period's usage, one row per tenant × meter, a column per status and figure
-    (``<status>_events``, ``<status>_units``), with the tenant's name and customer (unless
-    not ``names``).
-
-    Sent usage (a row per tenant and meter and day in the rollup: the bulk) is summed with
-    two sums; the other statuses (a few rows) are spread into their columns apart; the two
-    are joined (a left join, plus the tenants with no sent usage: no FULL JOIN, which
-    SQLite before 3.39 lacks)."""
-    sent_pieces, other_pieces = usage_pieces(conn, start, end, tenant_id)
-    s_all = union_all(*sent_pieces).subquery()
-    sent = (select(s_all.c.tenant_id, s_all.c.meter,
-                   int_sum(s_all.c.events).label("sent_events"),
-                   int_sum(s_all.c.quantity).label("sent_units"))
-            .group_by(s_all.c.tenant_id, s_all.c.meter).cte("sent_usage"))
-    o_all = union_all(*other_pieces).subquery()
-    spread = []
-    for st in UNSENT:
-        mine = o_all.c.status == sql_str(st)
-        spread += [int_sum(case((mine, o_all.c.events), else_=0)).label(f"{st}_events"),
-                   int_sum(case((mine, o_all.c.quantity), else_=0)).label(f"{st}_units")]
-    other = (select(o_all.c.tenant_id, o_all.c.meter, *spread)
-             .group_by(o_all.c.tenant_id, o_all.c.meter).cte("other_usage"))
-    same = and_(other.c.tenant_id == sent.c.tenant_id, other.c.meter == sent.c.meter)
-    zero = sql_cast(literal_column("0"), BigInteger)
-    with_sent = select(
-        sent.c.tenant_id, sent.c.meter, sent.c.sent_events, sent.c.sent_units,
-        *[func.coalesce(other.c[f"{st}_{w}"], zero).label(f"{st}_{w}")
-          for st in UNSENT for w in ("events", "units")]
-    ).select_from(sent.outerjoin(other, same))
-    only_other = select(
-        other.c.tenant_id, other.c.meter, zero.label("sent_events"), zero.label("sent_units"),
-        *[other.c[f"{st}_{w}"] for st in UNSENT for w in ("events", "units")]
-    ).where(~select(sent.c.tenant_id).where(same).exists())
-    if not names:
-        return union_all(with_sent, only_other)
-    rows = union_all(with_sent, only_other).subquery()
-    return (select(rows, TENANTS.c.name, TENANTS.c.stripe_customer_id)
-            .select_from(rows.outerjoin(TENANTS, TENANTS.c.tenant_id == rows.c.tenant_id)))
-
-
 def _columns() -> list[str]:
     return [f"{s}_{what}" for s in USAGE_STATUSES for what in ("events", "units")]
 
 
-def _bytewise(conn: Connection, column: Any) -> Any:
-    """``column`` compared byte by byte on PostgreSQL (the ``"C"`` collation), as SQLite and
-    Python (``usage_in``) order text: the same order everywhere, and at 100,000 tenants
-    several times cheaper than the locale's rules."""
-    return column.collate("C") if conn.dialect.name == "postgresql" else column
-
-
 def _sort_key(u: Any, sort: str, conn: Connection) -> ColumnElement[Any]:
     if sort == "tenant":
-        return _bytewise(conn, u.c.tenant_id)  # type: ignore[no-any-return]
+        return bytewise(conn, u.c.tenant_id)  # type: ignore[no-any-return]
     if sort == "waiting_events":
         return u.c.pending_events + u.c.retrying_events  # type: ignore[no-any-return]
     return u.c[sort]  # type: ignore[no-any-return]
@@ -191,12 +142,7 @@ def tenants_page(engine: Engine, query: UsageQuery, *, now: datetime,
     """The tenants page, in one snapshot: a page of the period's usage, the tenants waiting
     longest for a customer (and how many wait), and how fresh the rollups are."""
     with reading(engine) as conn:
-        if conn.dialect.name == "postgresql":
-            # The table's statement is planned above PostgreSQL's JIT threshold at 100,000
-            # tenants; compiling it took 60-140 ms of a page, more than it saved.
-            conn.exec_driver_sql("SET LOCAL jit = off")
-            # Its sorts and hashes of 100,000 rows fit in 32 MB, not the default 4 MB.
-            conn.exec_driver_sql("SET LOCAL work_mem = '32MB'")
+        many_rows(conn)
         table = usage_table(conn, query)
         unmapped, total = waiting_for_customer(conn)
         return TenantsPage(table, unmapped, total,
@@ -214,7 +160,7 @@ def usage_table(conn: Connection, query: UsageQuery) -> UsageTable:
     # Names and customers are joined to the page's rows only, unless the filter needs them
     # for every row (at 100,000 tenants the join of every row cost a third of the page).
     names = bool(query.text) or query.only == "unmapped"
-    per = _per_row(conn, query.start, query.end, names=names).cte("usage_rows")
+    per = per_row(conn, query.start, query.end, names=names).cte("usage_rows")
     key = _sort_key(per, query.sort, conn)
     where = _filter(per, query)
     figures = [per.c[c] for c in _columns()]
@@ -223,8 +169,8 @@ def usage_table(conn: Connection, query: UsageQuery) -> UsageTable:
                                        "stripe_customer_id")]
     order = [key.desc() if query.descending else key.asc()]
     if query.sort != "tenant":
-        order.append(_bytewise(conn, per.c.tenant_id).asc())
-    order.append(_bytewise(conn, per.c.meter).asc())
+        order.append(bytewise(conn, per.c.tenant_id).asc())
+    order.append(bytewise(conn, per.c.meter).asc())
     named = [per.c.name, per.c.stripe_customer_id] if names else []
     page = (select(literal(2).label("part"), key.label("sort_key"), per.c.tenant_id,
                    per.c.meter, *named, sql_cast(null(), BigInteger).label("n"), *figures)
@@ -234,7 +180,8 @@ def usage_table(conn: Connection, query: UsageQuery) -> UsageTable:
         page = (select(page.c.part, page.c.sort_key, page.c.tenant_id, page.c.meter,
                        TENANTS.c.name, TENANTS.c.stripe_customer_id, page.c.n,
                        *[page.c[c] for c in _columns()])
-                .select_from(page.outerjoin(TENANTS, TENANTS.c.tenant_id == page.c.tenant_id))
+                .select_from(page.outerjoin(TENANTS, TENANTS.c.tenant_id == as_stored(
+                    conn, page.c.tenant_id)))
                 .subquery())
     # The page first: its columns' types are the union's (PostgreSQL types the NULLs of the
     # totals' rows from it).
@@ -243,10 +190,10 @@ def usage_table(conn: Connection, query: UsageQuery) -> UsageTable:
         select(literal(0).label("part"), *none, func.count().label("n"), *sums),
         select(literal(1).label("part"), *none, func.count().label("n"), *sums).where(*where),
     ).subquery()
-    last = _bytewise(conn, parts.c.sort_key) if query.sort == "tenant" else parts.c.sort_key
+    last = bytewise(conn, parts.c.sort_key) if query.sort == "tenant" else parts.c.sort_key
     got = conn.execute(select(parts).order_by(
         parts.c.part, last.desc() if query.descending else last.asc(),
-        _bytewise(conn, parts.c.tenant_id), _bytewise(conn, parts.c.meter))).mappings().all()
+        bytewise(conn, parts.c.tenant_id), bytewise(conn, parts.c.meter))).mappings().all()
     everything, matching, rows = got[0], got[1], got[2:]
     return UsageTable(query, [_row(m) for m in rows], int(everything["n"]), int(matching["n"]),
                       _row(everything), _row(matching))
@@ -259,9 +206,10 @@ def usage_rows_streamed(engine: Engine, *, start: date, end: date,
     a period that ends before it starts (when first advanced)."""
     period_bounds(start, end)
     with reading(engine) as conn:
-        per = _per_row(conn, start, end, tenant_id).subquery()
+        many_rows(conn)
+        per = per_row(conn, start, end, tenant_id).subquery()
         result = conn.execution_options(stream_results=True, yield_per=1000).execute(
-            select(per).order_by(_bytewise(conn, per.c.tenant_id), _bytewise(conn, per.c.meter)))
+            select(per).order_by(bytewise(conn, per.c.tenant_id), bytewise(conn, per.c.meter)))
         for m in result.mappings():
             yield _row(m)
 
