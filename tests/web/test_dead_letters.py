@@ -323,6 +323,7 @@ def test_search_text_is_literal_and_ignores_ascii_case(engine, seed, now) -> Non
     a = seed.event(status="dead", last_error_message="POST /v1/billing/meter_events failed")
     b = seed.event(status="dead", last_error_message="POST /v1xbilling failed")
     c = seed.event(status="dead", idempotency_key="order-7/usage")
+    d = seed.event(status="dead", last_error_message="No such customer: 'cus_Tenant00/42_x'")
 
     def found(q: str) -> set[int]:
         page = reads.dead_letters(engine, reads.DeadFilters(q=q), now=now,
@@ -335,6 +336,9 @@ def test_search_text_is_literal_and_ignores_ascii_case(engine, seed, now) -> Non
     assert found("meter%events") == set()
     assert found("order-7/usage") == {c}
     assert found("//") == set()
+    # an id: its digits and punctuation match as they are, its letters in either case
+    assert found("CUS_tenant00/42_X") == {d}
+    assert found("cus_tenant00/43_x") == found("cus_tenant0042_x") == set()
 
 
 def test_a_refusal_naming_thousands_of_ids_still_reaches_the_page(client_as, seed) -> None:
