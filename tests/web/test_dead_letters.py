@@ -3,13 +3,15 @@ forced confirmation), resolve, and "requeue all matching" acting on its snapshot
 
 from __future__ import annotations
 
+import random
 import re
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from sqlalchemy import select
 
-from webapp.models import AuditEntry, utcnow
+from webapp.models import TEXT_LIMIT, AuditEntry, utcnow
 from webapp.outbox.states import DEAD_PAST_WINDOW
 from webapp.read import dead_letters as reads
 from webapp.read.audit import NOT_SIGN_IN
@@ -321,6 +323,7 @@ def test_search_text_is_literal_and_ignores_ascii_case(engine, seed, now) -> Non
     a = seed.event(status="dead", last_error_message="POST /v1/billing/meter_events failed")
     b = seed.event(status="dead", last_error_message="POST /v1xbilling failed")
     c = seed.event(status="dead", idempotency_key="order-7/usage")
+    d = seed.event(status="dead", last_error_message="No such customer: 'cus_Tenant00/42_x'")
 
     def found(q: str) -> set[int]:
         page = reads.dead_letters(engine, reads.DeadFilters(q=q), now=now,
@@ -333,6 +336,9 @@ def test_search_text_is_literal_and_ignores_ascii_case(engine, seed, now) -> Non
     assert found("meter%events") == set()
     assert found("order-7/usage") == {c}
     assert found("//") == set()
+    # an id: its digits and punctuation match as they are, its letters in either case
+    assert found("CUS_tenant00/42_X") == {d}
+    assert found("cus_tenant00/43_x") == found("cus_tenant0042_x") == set()
 
 
 def test_a_refusal_naming_thousands_of_ids_still_reaches_the_page(client_as, seed) -> None:
@@ -347,3 +353,66 @@ def test_a_refusal_naming_thousands_of_ids_still_reaches_the_page(client_as, see
     assert len(resp.headers.get("Set-Cookie", "")) < 4000
     page = client.get(resp.headers["Location"]).get_data(as_text=True)
     assert "Nothing changed" in page and "(shortened)" in page
+
+
+def test_dead_events_with_the_longest_texts_are_stored_grouped_and_found(engine, seed,
+                                                                        now) -> None:
+    """A dead event's texts may be as long as their columns keep (2,000 characters each, of
+    up to 4 bytes): too long for an entry of ``ix_outbox_dead_errors``, such a row is in
+    ``ix_outbox_dead_outsize``, and the groups, the search and the pages see both kinds of
+    row alike. The groups' figures are a plain count of the rows."""
+    rng = random.Random(7)
+    # Incompressible: random characters of 4 bytes in UTF-8.
+    huge = "".join(chr(rng.randrange(0x1F300, 0x1F5FF)) for _ in range(TEXT_LIMIT))
+    at = now - timedelta(minutes=5)
+    long_ids = [seed.event(status="dead", tenant_id=f"t{i}", last_error_code="resource_missing",
+                           last_error_message=huge[:-6] + "needle", dead_reason=huge,
+                           quantity=3, dead_at=at) for i in range(2)]
+    short_ids = [seed.event(status="dead", tenant_id=f"t{i % 3}", quantity=i + 1,
+                            last_error_code="resource_missing" if i % 2 else None,
+                            last_error_class=None if i % 2 else "Timeout",
+                            last_error_message=f"msg {i} needle" if i == 4 else f"msg {i}",
+                            dead_reason=DEAD_PAST_WINDOW if i % 3 == 0 else f"reason {i}",
+                            dead_at=at if i < 3 else at - timedelta(seconds=i))
+                 for i in range(7)]
+    seed.event(status="resolved", last_error_code="resource_missing", tenant_id="t9")
+    seed.event(status="retrying", last_error_code="resource_missing", tenant_id="t9")
+    rows = [seed.get(i) for i in long_ids + short_ids]
+    assert all(len(r.last_error_message) == TEXT_LIMIT for r in rows[:2])
+
+    def kind(reason: str) -> str:
+        return ("unknown_past_window" if reason == DEAD_PAST_WINDOW else
+                "exhausted" if reason.startswith("retries exhausted") else "permanent")
+
+    expected: dict[tuple[Any, ...], list[Any]] = {}
+    for r in rows:
+        g = expected.setdefault((kind(r.dead_reason), r.last_error_class, r.last_error_code,
+                                 r.last_http_status), [0, 0, set(), r.dead_at, r.dead_at])
+        g[0] += 1
+        g[1] += r.quantity
+        g[2].add(r.tenant_id)
+        g[3], g[4] = min(g[3], r.dead_at), max(g[4], r.dead_at)
+    groups = reads.dead_letter_groups(engine, reads.DeadFilters(), now=now)
+    assert {(g.kind, g.error_class, g.code, g.http_status):
+            [g.events, g.quantity, g.tenants, g.first_dead_at, g.last_dead_at]
+            for g in groups} == {k: [n, q, len(t), lo, hi]
+                                 for k, (n, q, t, lo, hi) in expected.items()}
+    assert [g.events for g in groups] == sorted((g.events for g in groups), reverse=True)
+
+    def found(q: str) -> set[int]:
+        page = reads.dead_letters(engine, reads.DeadFilters(q=q), now=now,
+                                    window_seconds=86400)
+        return {r["id"] for r in page.rows}
+
+    assert found("NEEDLE") == {*long_ids, short_ids[4]}
+    newest_first = [r.id for r in sorted(rows, key=lambda r: (r.dead_at, r.id), reverse=True)]
+    seen, cursor = [], None
+    while True:
+        page = reads.dead_letters(engine, reads.DeadFilters(), now=now, window_seconds=86400,
+                                  after=cursor, limit=2)
+        seen += [r["id"] for r in page.rows]
+        if page.next is None:
+            break
+        cursor = page.next
+    assert seen == newest_first
+    assert page.rows[-1]["last_error_message"] == rows[-1].last_error_message

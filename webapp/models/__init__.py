@@ -7,6 +7,8 @@
 from .base import NAMING, Base, BigID, UTCDateTime, utcnow
 from .limits import TEXT_LIMIT, clean, fit, fit_json_list, fit_key, fits, limit_of
 from .outbox import (
+    DEAD_FITS_SQL,
+    DEAD_OUTSIZE_SQL,
     IN_FLIGHT_SQL,
     WAITING_IDLE_SQL,
     AttemptRollup,
@@ -33,7 +35,8 @@ from .stripe_sync import (
 )
 
 __all__ = [
-    "IN_FLIGHT_SQL", "NAMING", "WAITING_IDLE_SQL", "AttemptRollup", "AuditEntry", "AuditEvent",
+    "DEAD_FITS_SQL", "DEAD_OUTSIZE_SQL", "IN_FLIGHT_SQL", "NAMING", "WAITING_IDLE_SQL",
+    "AttemptRollup", "AuditEntry", "AuditEvent",
     "Base", "BigID", "Control", "DeliveryAttempt", "DrainerHeartbeat", "LoginThrottle",
     "OutboxEvent",
     "PrunedUsageRollup", "ReconciliationMismatch",

@@ -38,6 +38,23 @@ IN_FLIGHT_SQL = "status = 'processing'"
 #: index for the claim's.
 WAITING_IDLE_SQL = ("status NOT IN ('sent', 'processing', 'dead', 'resolved', 'rejected', "
                     "'cancelled')")
+#: The variable-length columns ``ix_outbox_dead_errors`` carries, and the most bytes they may
+#: hold together for a row to be in it. A B-tree entry must stay under 2,704 bytes or the write
+#: that makes it fails; messages are kept up to 2,000 characters (``limits.TEXT_LIMIT``), so a
+#: dead row whose texts are longer than this is in ``ix_outbox_dead_outsize`` instead: the two
+#: indexes hold every dead row exactly once, and the dead-letter reads ask both.
+DEAD_INDEXED_TEXT = ("tenant_id", "meter", "idempotency_key", "last_error_class",
+                     "last_error_code", "last_error_message", "dead_reason")
+DEAD_INDEXED_BYTES = 2400
+_TEXT_BYTES = {"postgresql": "octet_length(coalesce({}, ''))",
+               "sqlite": "length(CAST(coalesce({}, '') AS BLOB))"}
+#: Per dialect: the indexed texts fit (``ix_outbox_dead_errors``) or do not
+#: (``ix_outbox_dead_outsize``). Queries repeat these terms word for word
+#: (``outbox.sql.DEAD_FITS``) so that both databases match them to the indexes' predicates.
+DEAD_FITS_SQL = {d: " + ".join(f.format(c) for c in DEAD_INDEXED_TEXT)
+                 + f" <= {DEAD_INDEXED_BYTES}" for d, f in _TEXT_BYTES.items()}
+DEAD_OUTSIZE_SQL = {d: " + ".join(f.format(c) for c in DEAD_INDEXED_TEXT)
+                    + f" > {DEAD_INDEXED_BYTES}" for d, f in _TEXT_BYTES.items()}
 
 
 class OutboxEvent(Base):
@@ -136,6 +153,19 @@ class OutboxEvent(Base):
               postgresql_where=text("status = 'dead'"), sqlite_where=text("status = 'dead'")),
         Index("ix_outbox_dead_tenant", "tenant_id", "dead_at", "id",
               postgresql_where=text("status = 'dead'"), sqlite_where=text("status = 'dead'")),
+        # The dead-letter groups and text search (migration 0011): on PostgreSQL every column
+        # they read or filter on is in the index, so they read it alone (index-only), not one
+        # heap page per dead event across the whole table. Rows whose texts would not fit an
+        # index entry are in the next index (see DEAD_INDEXED_TEXT).
+        Index("ix_outbox_dead_errors", "dead_at", "id",
+              postgresql_include=["tenant_id", "meter", "quantity", "occurred_at",
+                                  "idempotency_key", "last_error_class", "last_error_code",
+                                  "last_http_status", "last_error_message", "dead_reason"],
+              postgresql_where=text(f"status = 'dead' AND {DEAD_FITS_SQL['postgresql']}"),
+              sqlite_where=text(f"status = 'dead' AND {DEAD_FITS_SQL['sqlite']}")),
+        Index("ix_outbox_dead_outsize", "dead_at", "id",
+              postgresql_where=text(f"status = 'dead' AND {DEAD_OUTSIZE_SQL['postgresql']}"),
+              sqlite_where=text(f"status = 'dead' AND {DEAD_OUTSIZE_SQL['sqlite']}")),
         Index("ix_outbox_resolved", "dead_at", "id",
               postgresql_where=text("status = 'resolved'"),
               sqlite_where=text("status = 'resolved'")),

@@ -39,6 +39,8 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import FunctionElement
 
 from ..models import (
+    DEAD_FITS_SQL,
+    DEAD_OUTSIZE_SQL,
     IN_FLIGHT_SQL,
     AttemptRollup,
     AuditEntry,
@@ -248,6 +250,41 @@ def _ascii_icontains_pg(element: ascii_icontains, compiler: Any, **kw: Any) -> s
 def _ascii_icontains_sqlite(element: ascii_icontains, compiler: Any, **kw: Any) -> str:
     column, pattern = list(element.clauses)
     return f"{compiler.process(column, **kw)} LIKE {compiler.process(pattern, **kw)} ESCAPE '/'"
+
+
+class _dialect_text(FunctionElement[bool]):
+    """A boolean SQL term written per dialect (``TEXTS``), rendered word for word."""
+
+    type = Boolean()
+    inherit_cache = True
+    TEXTS: Mapping[str, str] = {}
+
+
+class dead_fits(_dialect_text):  # noqa: N801 - SQL function style
+    """The dead row's texts fit ``ix_outbox_dead_errors`` (``models.DEAD_FITS_SQL``)."""
+
+    inherit_cache = True
+    name = "dead_fits"
+    TEXTS = DEAD_FITS_SQL
+
+
+class dead_outsize(_dialect_text):  # noqa: N801 - SQL function style
+    """The dead row's texts are in ``ix_outbox_dead_outsize`` (``models.DEAD_OUTSIZE_SQL``)."""
+
+    inherit_cache = True
+    name = "dead_outsize"
+    TEXTS = DEAD_OUTSIZE_SQL
+
+
+@compiles(_dialect_text)
+def _dialect_text_sql(element: _dialect_text, compiler: Any, **kw: Any) -> str:
+    return element.TEXTS[compiler.dialect.name]
+
+
+#: A dead (``status = 'dead'``) row is in exactly one of these two pieces, each served by its
+#: own index: ``ix_outbox_dead_errors`` (covering, almost every row) and
+#: ``ix_outbox_dead_outsize`` (texts too long for an index entry; normally none).
+DEAD_PIECES: tuple[ColumnElement[bool], ...] = (dead_fits(), dead_outsize())
 
 
 class epoch_bucket(FunctionElement[int]):  # noqa: N801 - SQL function style
