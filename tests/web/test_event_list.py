@@ -231,7 +231,8 @@ def test_htmx_gets_the_fragment(mix, client_as) -> None:
 
 def test_csv_read_in_small_batches_is_still_the_whole_list(mix, client_as,
                                                            monkeypatch) -> None:
-    """The export reads keyset batches: across their boundaries nothing is lost or doubled."""
+    """The export reads each piece in batches and merges the pieces: across the batches'
+    boundaries nothing is lost or doubled."""
     monkeypatch.setattr(lists, "EXPORT_BATCH", 2)
     client = client_as("viewer")
     for query in ("", "status=dead&status=pending&status=sent", "age=near&status=dead"):
