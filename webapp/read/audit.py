@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy import Engine, Row, select
 
-from ..db import reading
+from ..db import exporting, reading
 from ..outbox.sql import AUDIT, AUDIT_EVENTS, row_dict
 from .paging import MAX_PAGE
 
@@ -92,6 +92,6 @@ def audit_rows(engine: Engine, filters: AuditFilters, *, batch: int = 1000
     """Every matching audit entry, oldest first, as :data:`EXPORT_COLUMNS` (for the CSV
     export): one query in one snapshot, read ``batch`` rows at a time (a server-side cursor
     on PostgreSQL), so the file never sits in memory whole and no entry is read twice."""
-    with reading(engine) as conn:
+    with exporting(engine) as conn:
         yield from conn.execution_options(stream_results=True, yield_per=batch).execute(
             select(*EXPORT_COLUMNS).where(*filters.conditions()).order_by(AUDIT.c.id))
