@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, Row, select
+from sqlalchemy import Engine, select
 
 from ..db import exporting, reading
 from ..outbox.sql import AUDIT, AUDIT_EVENTS, row_dict
@@ -88,7 +88,7 @@ EXPORT_COLUMNS = (AUDIT.c.id, AUDIT.c.at, AUDIT.c.actor, AUDIT.c.action, AUDIT.c
 
 
 def audit_rows(engine: Engine, filters: AuditFilters, *, batch: int = 1000
-               ) -> Iterator[Row[Any]]:
+               ) -> Iterator[Sequence[Any]]:
     """Every matching audit entry, oldest first, as :data:`EXPORT_COLUMNS` (for the CSV
     export): one query in one snapshot, read ``batch`` rows at a time (a server-side cursor
     on PostgreSQL), so the file never sits in memory whole and no entry is read twice."""

@@ -10,13 +10,13 @@ flight…); the pieces are paged by id and merged, as ``paging.keyset`` does wit
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, date, datetime, time, timedelta
 from operator import itemgetter
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Row, false, func, select
+from sqlalchemy import Connection, Engine, false, func, select
 
 from ..db import exporting, reading
 from ..outbox.sql import (
@@ -363,7 +363,8 @@ def count_events(engine: Engine, f: EventFilters, *, now: datetime) -> int:
     return count + (1 if more else 0)
 
 
-def export_rows(engine: Engine, f: EventFilters, *, now: datetime) -> Iterator[Row[Any]]:
+def export_rows(engine: Engine, f: EventFilters, *, now: datetime
+                ) -> Iterator[Sequence[Any]]:
     """Every matching event as a CSV row (:data:`LIST_COLUMNS`, the order of
     :data:`CSV_HEADER`), newest id first, in one snapshot. The ids are read in ranges from
     the newest down, each twice as wide as the one before (from :data:`EXPORT_FIRST_IDS`):

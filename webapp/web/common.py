@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -94,7 +94,7 @@ def render_block(template_name: str, block: str, context: dict[str, Any]) -> str
     return "".join(template.blocks[block](template.new_context(ctx)))
 
 
-def csv_response(filename: str, header: list[str], rows: Iterable[list[Any]],
+def csv_response(filename: str, header: list[str], rows: Iterable[Sequence[Any]],
                  preamble: Iterable[list[Any]] = ()) -> Response:
     """A streamed CSV download, safe to open in a spreadsheet (CSV injection, OWASP's rule):
     a text cell, and every part of it after a ``;``, ``,``, tab, CR or newline (where a
