@@ -71,6 +71,22 @@ def reading(engine: Engine) -> Iterator[Connection]:
         yield conn
 
 
+@contextmanager
+def exporting(engine: Engine) -> Iterator[Connection]:
+    """A reader (:func:`reading`) for an export: queries read whole, a batch at a time,
+    through server-side cursors (``stream_results``). On PostgreSQL they are planned to be
+    read whole, not for their first tenth (a cursor's default, which may walk the primary key
+    past every row that does not match: 8 s instead of 1 for the dead events with one error
+    code at 10 million rows), without JIT (compiling took longer than it saved), and times
+    come back in UTC as stored, instead of each converted to the server's zone and back."""
+    with reading(engine) as conn:
+        if conn.dialect.name == "postgresql":
+            conn.exec_driver_sql("SET LOCAL cursor_tuple_fraction = 1")
+            conn.exec_driver_sql("SET LOCAL jit = off")
+            conn.exec_driver_sql("SET LOCAL TimeZone = 'UTC'")
+        yield conn
+
+
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:
     """Sessions that keep loaded objects usable after commit (views render after commit)."""
     return sessionmaker(engine, expire_on_commit=False)

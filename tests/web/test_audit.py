@@ -72,4 +72,4 @@ def test_csv_parses_back_to_the_same_entries(client_as, engine) -> None:
 def test_audit_rows_are_read_in_batches(engine) -> None:
     make_entries(engine, n_requeues=7)
     rows = list(reads.audit_rows(engine, reads.AuditFilters(), batch=3))
-    assert [r["id"] for r in rows] == sorted(r["id"] for r in rows) and len(rows) == 9
+    assert [r.id for r in rows] == sorted(r.id for r in rows) and len(rows) == 9

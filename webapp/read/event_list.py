@@ -9,14 +9,16 @@ flight…); the pieces are paged by id and merged, as ``paging.keyset`` does wit
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import heapq
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, date, datetime, time, timedelta
+from operator import itemgetter
 from typing import Any
 
 from sqlalchemy import Connection, Engine, false, func, select
 
-from ..db import reading
+from ..db import exporting, reading
 from ..outbox.sql import (
     AUDIT,
     AUDIT_EVENTS,
@@ -37,8 +39,9 @@ MAX_LIMIT = 200
 DEFAULT_LIMIT = 50
 #: Counts stop here: past it the page says "more than 10,000".
 COUNT_CAP = 10_000
-#: Rows read per query while exporting.
-EXPORT_BATCH = 5000
+#: Rows fetched at a time while exporting, and the ids of the export's first range.
+EXPORT_BATCH = 1000
+EXPORT_FIRST_IDS = 50_000
 
 #: The date filters (UTC days, both ends included), in the words of their chips.
 DATE_FILTERS = {"created_from": "created on or after", "created_to": "created on or before",
@@ -60,9 +63,8 @@ LIST_COLUMNS = (T.c.id, T.c.tenant_id, T.c.meter, T.c.quantity, T.c.idempotency_
                 T.c.status, T.c.attempt_count, T.c.occurred_at, T.c.created_at, T.c.sent_at,
                 T.c.next_attempt_at, T.c.last_outcome, T.c.last_error_code,
                 T.c.last_http_status, T.c.stripe_customer_id)
-CSV_HEADER = ["id", "tenant_id", "meter", "quantity", "idempotency_key", "status",
-              "attempt_count", "occurred_at", "created_at", "sent_at", "next_attempt_at",
-              "last_outcome", "last_error_code", "last_http_status", "stripe_customer_id"]
+#: The export's columns: the list's, under their own names.
+CSV_HEADER = [c.name for c in LIST_COLUMNS]
 
 
 @dataclass(frozen=True)
@@ -361,18 +363,36 @@ def count_events(engine: Engine, f: EventFilters, *, now: datetime) -> int:
     return count + (1 if more else 0)
 
 
-def export_rows(engine: Engine, f: EventFilters, *, now: datetime) -> Iterator[list[Any]]:
-    """Every matching event as a CSV row (:data:`CSV_HEADER`), newest id first, read in
-    keyset batches so an export of any size holds one batch in memory."""
-    before: int | None = None
-    while True:
-        with reading(engine) as conn:
-            rows, before = _page_rows(conn, _pieces(conn, f, now), before=before,
-                                      limit=EXPORT_BATCH)
-        for r in rows:
-            yield [r[name] for name in CSV_HEADER]
-        if before is None:
+def export_rows(engine: Engine, f: EventFilters, *, now: datetime
+                ) -> Iterator[Sequence[Any]]:
+    """Every matching event as a CSV row (:data:`LIST_COLUMNS`, the order of
+    :data:`CSV_HEADER`), newest id first, in one snapshot. The ids are read in ranges from
+    the newest down, each twice as wide as the one before (from :data:`EXPORT_FIRST_IDS`):
+    each piece's rows of a range are one query sorted by id, read :data:`EXPORT_BATCH` rows at
+    a time (a server-side cursor on PostgreSQL), and the pieces are merged. So the first rows
+    come as soon as the newest range is sorted, not the whole set (the dead events with one
+    error code: 1 s at 10 million rows, as no index holds them in id order); no row is read
+    twice (keyset batches with a LIMIT searched every dead row again for each batch); and an
+    export of any size holds a batch a piece in memory."""
+    with exporting(engine) as conn:
+        pieces = _pieces(conn, f, now)
+        low, high = conn.execute(select(func.min(T.c.id), func.max(T.c.id))).one()
+        if high is None:
             return
+        top, width = int(high) + 1, EXPORT_FIRST_IDS
+        while top > low:
+            bottom = max(int(low), top - width)
+            streams = []
+            for piece in pieces:
+                order = (T.c.id + 0) if piece.narrow else T.c.id
+                streams.append(
+                    conn.execution_options(stream_results=True, yield_per=EXPORT_BATCH)
+                    .execute(select(*LIST_COLUMNS)
+                             .where(*piece.where, T.c.id >= bottom, T.c.id < top)
+                             .order_by(order.desc())))
+            yield from (streams[0] if len(streams) == 1 else
+                        heapq.merge(*streams, key=itemgetter(0), reverse=True))
+            top, width = bottom, width * 2
 
 
 #: What became of requeued events, in the words of the tracking summary.

@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -94,7 +94,7 @@ def render_block(template_name: str, block: str, context: dict[str, Any]) -> str
     return "".join(template.blocks[block](template.new_context(ctx)))
 
 
-def csv_response(filename: str, header: list[str], rows: Iterable[list[Any]],
+def csv_response(filename: str, header: list[str], rows: Iterable[Sequence[Any]],
                  preamble: Iterable[list[Any]] = ()) -> Response:
     """A streamed CSV download, safe to open in a spreadsheet (CSV injection, OWASP's rule):
     a text cell, and every part of it after a ``;``, ``,``, tab, CR or newline (where a
@@ -130,7 +130,8 @@ def csv_response(filename: str, header: list[str], rows: Iterable[list[Any]],
 #: separator (``;``, ``,``, tab, CR, newline), followed by ``=``, ``+``, ``-``, ``@``, tab or
 #: CR. The lookahead consumes nothing, so a run of separators is defused at each of them.
 _FORMULA_START = re.compile(r"(^|[;,\t\r\n])(?=[=+\-@\t\r])")
-_TRIGGER = re.compile(r"[=+\-@\t\r]")
+_TRIGGERS = frozenset("=+-@\t\r")
+_TRIGGER_AFTER_SEPARATOR = re.compile(r"[;,\t\r\n][=+\-@\t\r]")
 
 
 def _cell(value: Any) -> Any:
@@ -151,6 +152,10 @@ def _cell(value: Any) -> Any:
         return value.astimezone(UTC).isoformat()
     else:
         text = str(value)
-    # Most cells hold no trigger character at all: one scan of a character class, instead of
-    # the lookahead at every separator (ids joined by commas made the audit CSV 3× slower).
-    return _FORMULA_START.sub(r"\1'", text) if _TRIGGER.search(text) else text
+    # Most cells need nothing: a test of the first character and one scan for a separator
+    # followed by a trigger, instead of the lookahead at every separator (ids joined by
+    # commas made the audit CSV 3× slower) or a substitution for every trigger anywhere
+    # (``tenant-000042``, ``ops@example.com``: over a quarter of the audit CSV's formatting).
+    if text[:1] in _TRIGGERS or _TRIGGER_AFTER_SEPARATOR.search(text):
+        return _FORMULA_START.sub(r"\1'", text)
+    return text
