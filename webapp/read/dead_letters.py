@@ -203,7 +203,8 @@ def dead_letter_groups(engine: Engine, filters: DeadFilters, *, now: datetime,
 
 def _grouped(pieces: list[Any], limit: int) -> Any:
     """The groups of the rows of ``pieces`` (disjoint), largest first."""
-    matching = (union_all(*pieces) if len(pieces) > 1 else pieces[0]).subquery()
+    rows: Any = union_all(*pieces) if len(pieces) > 1 else pieces[0]
+    matching = rows.subquery()
     keys = (matching.c.kind, matching.c.last_error_class, matching.c.last_error_code,
             matching.c.last_http_status)
     per_tenant = (select(*keys, func.count().label("n"), int_sum(matching.c.quantity).label("q"),
