@@ -67,34 +67,28 @@ def _usage(engine: Any, start: date, end: date) -> Counter[tuple[str, str, str, 
     return out
 
 
+def _summed_by(engine: Any, table: Any, key: str, cut: int) -> Counter[tuple[str, ...]]:
+    """A sent rollup's events ("n") and units ("q") per tenant, meter and the first ``cut``
+    characters of its ``key`` column (a day's month: 7; a month's year: 4)."""
+    out: Counter[tuple[str, ...]] = Counter()
+    with engine.connect() as conn:
+        for k, t, m, n, q in conn.execute(select(table.c[key], table.c.tenant_id,
+                                                 table.c.meter, table.c.events,
+                                                 table.c.quantity)):
+            out[(k[:cut], t, m, "n")] += int(n)
+            out[(k[:cut], t, m, "q")] += int(q)
+    return out
+
+
 def _monthly_matches_daily(engine: Any) -> None:
+    """Each level of the sent rollup sums the one below it, and the day totals sum every
+    tenant's day."""
     from webapp.outbox.sql import SENT_DAY, SENT_MONTHLY, SENT_ROLLUP, SENT_YEARLY
 
-    with engine.connect() as conn:
-        daily: Counter[tuple[str, str, str]] = Counter()
-        for day, t, m, n, q in conn.execute(select(
-                SENT_ROLLUP.c.day, SENT_ROLLUP.c.tenant_id, SENT_ROLLUP.c.meter,
-                SENT_ROLLUP.c.events, SENT_ROLLUP.c.quantity)):
-            daily[(day[:7], t, m, "n")] += int(n)
-            daily[(day[:7], t, m, "q")] += int(q)
-        monthly: Counter[tuple[str, str, str]] = Counter()
-        for month, t, m, n, q in conn.execute(select(
-                SENT_MONTHLY.c.month, SENT_MONTHLY.c.tenant_id, SENT_MONTHLY.c.meter,
-                SENT_MONTHLY.c.events, SENT_MONTHLY.c.quantity)):
-            monthly[(month, t, m, "n")] += int(n)
-            monthly[(month, t, m, "q")] += int(q)
-    assert +daily == +monthly
-    with engine.connect() as conn:
-        by_year: Counter[tuple[str, str, str, str]] = Counter()
-        for (month, t, m, what), n in monthly.items():
-            by_year[(month[:4], t, m, what)] += n
-        yearly: Counter[tuple[str, str, str, str]] = Counter()
-        for year, t, m, n, q in conn.execute(select(
-                SENT_YEARLY.c.year, SENT_YEARLY.c.tenant_id, SENT_YEARLY.c.meter,
-                SENT_YEARLY.c.events, SENT_YEARLY.c.quantity)):
-            yearly[(year, t, m, "n")] += int(n)
-            yearly[(year, t, m, "q")] += int(q)
-    assert +by_year == +yearly
+    assert +_summed_by(engine, SENT_ROLLUP, "day", 7) == +_summed_by(
+        engine, SENT_MONTHLY, "month", 7)
+    assert +_summed_by(engine, SENT_MONTHLY, "month", 4) == +_summed_by(
+        engine, SENT_YEARLY, "year", 4)
     with engine.connect() as conn:
         by_day: Counter[tuple[str, str]] = Counter()
         for day, n, q in conn.execute(select(SENT_ROLLUP.c.day, SENT_ROLLUP.c.events,
