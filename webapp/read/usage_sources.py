@@ -131,9 +131,9 @@ def sent_plan(start: date, end: date, has_rows: Callable[[date, date], bool]) ->
     period when the rest holds nothing (``has_rows(first, last)``, a probe of the daily
     rollup, says whether days ``first``…``last`` hold anything: "this year so far" is the
     year's row, as nothing has occurred after today); one most of which lies in the period
-    is its row less the rows of the days outside it (a year from the 2nd of December is
-    next year's row, December's less its first day's, not 365 days' rows). At 100,000
-    tenants a year is then about 200,000 rows to sum, not 2.5 million."""
+    is its row less the rows of the days outside it (the 365 days from 2 December 2025 are
+    2026's row plus December 2025's less its first day's, not 365 days' rows). At 100,000
+    tenants a year is then about 385,000 rows to sum, not 2.6 million."""
     if end < start:
         raise ValueError("the period ends before it starts")
     pieces: list[Piece] = []
