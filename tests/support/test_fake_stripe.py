@@ -25,22 +25,13 @@ import pytest
 import requests
 import stripe
 
+from support.clock import SettableClock as Clock
 from support.fake_stripe import AcceptedEvent, FakeStripe
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 API_KEY = "sk_test_fake_0123456789abcdef"
 METER = "api_requests"
 NOW = 1_800_000_000.0  # the fake's injected clock
-
-
-class Clock:
-    """A settable clock for the fake's timestamp validation."""
-
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ import pytest
 import requests
 import stripe
 
+from support.clock import SettableClock as Clock
 from support.fake_stripe import FakeStripe
 from support.fake_stripe.reports import ERROR_REPORT, NO_METER_FOUND
 
@@ -20,14 +21,6 @@ API_KEY = "sk_test_fake_0123456789abcdef"
 METER = "api_requests"
 NOW = 1_800_000_000.0
 NOW_TEXT = "2027-01-15T08:00:00Z"  # NOW as RFC 3339
-
-
-class Clock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

@@ -2,11 +2,10 @@
 and filtered in the database, with the period's totals; and every row of it for the CSV,
 streamed.
 
-The numbers are :func:`webapp.read.tenants.usage_in`'s: both read
-:func:`webapp.read.usage_sources.usage_pieces`; this module sums them per tenant × meter and
-per status in SQL, where ``usage_in`` sums them in Python. At 100,000 tenants the page reads
-every row of the period once (the totals need them all) and sends 50 to the browser; no
-statement carries one parameter per tenant.
+The numbers are :func:`webapp.read.tenants.usage_in`'s: both read the rows per tenant × meter
+of :func:`webapp.read.usage_sources.per_row`; this module sorts, filters, pages and totals
+them in SQL. At 100,000 tenants the page reads every row of the period once (the totals need
+them all) and sends 50 to the browser; no statement carries one parameter per tenant.
 """
 
 from __future__ import annotations
@@ -47,7 +46,6 @@ from .usage_sources import (
     many_rows,
     per_row,
     period_bounds,
-    usage_pieces,
 )
 
 #: The orders the table can be sorted in: key -> what it sorts by (ties: tenant, then meter).
@@ -214,5 +212,5 @@ def usage_rows_streamed(engine: Engine, *, start: date, end: date,
             yield _row(m)
 
 
-__all__ = ["ONLY", "PER_PAGE", "SORTS", "UsageQuery", "UsageTable", "usage_pieces",
+__all__ = ["ONLY", "PER_PAGE", "SORTS", "UsageQuery", "UsageTable",
            "usage_rows_streamed", "usage_table"]
