@@ -4,6 +4,7 @@ rollups are. Each takes the page's connection, so one page reads one snapshot.""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -20,13 +21,17 @@ from ..outbox.sql import (
     WAITING_IDLE,
     T,
     as_utc,
+    sql_str,
     status_in,
+    status_is,
 )
 from ..outbox.states import ALL_STATUSES, MAX_AGE
 
 #: Statuses whose events still have to reach Stripe (dead ones only by a person's requeue).
 WAITING = ("pending", "processing", "retrying")
 UNSENT_OPEN = ("pending", "retrying", "dead")  # and those in flight (IN_FLIGHT)
+#: Statuses not counted through the unsent rows' indexes.
+NOT_IDLE = ("sent", "processing")
 #: Stripe rejects events older than 35 days; warn this long before.
 NEAR_LIMIT = timedelta(days=7)
 
@@ -37,13 +42,19 @@ def sending_state(conn: Connection) -> PauseState:
 
 
 def status_counts(conn: Connection) -> dict[str, int]:
-    """Events by status. Sent from the rollup; in flight through
-    ``ix_outbox_processing_deadline``; the rest through ``ix_outbox_unsent``."""
+    """Events by status, in one statement: sent from the rollup; in flight through
+    ``ix_outbox_processing_deadline``; each other status counted apart, so that each count
+    reads the narrowest index holding it (dead: ``ix_outbox_dead``, a ninth of
+    ``ix_outbox_unsent``'s size; pending and retrying: their range of it). Grouping the
+    unsent statuses in one scan read every entry of ``ix_outbox_unsent`` (at 300,000 unsent
+    rows, 140 ms against 25)."""
     counts = dict.fromkeys(ALL_STATUSES, 0)
-    for status, n in conn.execute(select(T.c.status, func.count()).where(IDLE_UNSENT)
-                                  .group_by(T.c.status)):
-        counts[status] = int(n)
-    counts["processing"] = int(conn.execute(select(func.count()).where(IN_FLIGHT)).scalar_one())
+    legs = [select(sql_str(s).label("status"), func.count().label("n"))
+            .where(status_is(s), IDLE_UNSENT) for s in ALL_STATUSES if s not in NOT_IDLE]
+    legs.append(select(sql_str("processing").label("status"), func.count().label("n"))
+                .where(IN_FLIGHT))
+    for status, n in conn.execute(union_all(*legs)):
+        counts[str(status)] = int(n)
     counts["sent"] = sent_total(conn)
     return counts
 
@@ -56,16 +67,31 @@ def oldest_waiting(conn: Connection) -> datetime | None:
     return min((at for at in found if at is not None), default=None)
 
 
-def age_limits(conn: Connection, now: datetime) -> tuple[int, int]:
-    """(events within 7 days of Stripe's 35-day limit, events past it) not yet sent."""
+def age_limits(conn: Connection, now: datetime,
+               counts: Mapping[str, int] | None = None) -> tuple[int, int]:
+    """(events within 7 days of Stripe's 35-day limit, events past it) not yet sent:
+    pending, retrying, dead and in flight. Past the limit is counted as all of them less
+    those inside it, so only the last 35 days' range of each status is read (a dead letter
+    stays for good: reading the rows past the limit read nearly every dead row).
+    ``counts``: :func:`status_counts` read in the same snapshot, if the caller has it."""
     limit = now - MAX_AGE
-    parts = [(status_in(UNSENT_OPEN), IDLE_UNSENT), (IN_FLIGHT,)]
-    inner = union_all(*[select((T.c.occurred_at < limit).label("past")).where(
-        *where, T.c.occurred_at < limit + NEAR_LIMIT) for where in parts]).subquery()
-    rows = conn.execute(select(inner.c.past, func.count()).group_by(inner.c.past)).all()
-    over = sum(int(n) for past, n in rows if past)
-    near = sum(int(n) for past, n in rows if not past)
-    return near, over
+    parts: dict[str, tuple[Any, ...]] = {s: (status_is(s), IDLE_UNSENT) for s in UNSENT_OPEN}
+    parts["processing"] = (IN_FLIGHT,)
+    legs = []
+    for where in parts.values():
+        if counts is None:
+            legs.append(select(sql_str("all").label("k"), func.count().label("n"))
+                        .where(*where))
+        legs.append(select(sql_str("inside").label("k"), func.count().label("n"))
+                    .where(*where, T.c.occurred_at >= limit))
+        legs.append(select(sql_str("near").label("k"), func.count().label("n"))
+                    .where(*where, T.c.occurred_at >= limit,
+                           T.c.occurred_at < limit + NEAR_LIMIT))
+    got = {"all": sum(counts[s] for s in parts) if counts is not None else 0,
+           "inside": 0, "near": 0}
+    for k, n in conn.execute(union_all(*legs)):
+        got[str(k)] += int(n)
+    return got["near"], got["all"] - got["inside"]
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ def metrics(engine: Engine, *, now: datetime) -> Metrics:
         counts = status_counts(conn)
         oldest = oldest_waiting(conn)
         paused = sending_state(conn).paused
-        near, over = age_limits(conn, now)
+        near, over = age_limits(conn, now, counts)
         live = select(ATTEMPTS.c.outcome, latency_bucket().label("bucket"),
                       literal_column("1").label("attempts"),
                       func.coalesce(ATTEMPTS.c.duration_ms, 0).label("duration_ms")).where(

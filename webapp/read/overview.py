@@ -115,7 +115,7 @@ def overview(engine: Engine, *, now: datetime, stripe_mode: str = "test",
         sending = sending_state(conn)
         dead_day = int(conn.execute(select(func.count()).where(
             status_is("dead"), T.c.dead_at >= now - timedelta(days=1))).scalar_one())
-        near, over = age_limits(conn, now)
+        near, over = age_limits(conn, now, counts)
         unmapped = unmapped_tenants(conn)
         events_read = sync.sync_status(conn, sync.EVENTS)
         reconciled = last_run(conn)
