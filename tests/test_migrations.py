@@ -5,7 +5,7 @@ from __future__ import annotations
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import text
+from sqlalchemy import Engine, text
 
 from webapp.db import make_engine
 from webapp.migrate import alembic_config, current_revision, head_revision, is_current, upgrade
@@ -33,5 +33,26 @@ def test_head_matches_the_models_and_round_trips(db_url: str) -> None:
                     "SELECT reloptions FROM pg_class WHERE relname = 'stripe_usage_outbox' "
                     "AND relnamespace = current_schema()::regnamespace")).scalar()
             assert "autovacuum_vacuum_scale_factor=0.02" in (options or [])
+            assert statistics(engine) == {
+                "stx_outbox_status_errors": {"status", "last_error_code", "last_error_class",
+                                             "last_http_status"},
+                "stx_outbox_status_reject": {"status", "reject_code"}}
+            with engine.begin() as conn:
+                cfg.attributes["connection"] = conn
+                command.downgrade(cfg, "0012")
+            assert statistics(engine) == {}
+            upgrade(engine)
     finally:
         engine.dispose()
+
+
+def statistics(engine: Engine) -> dict[str, set[str]]:
+    """The outbox's multi-column statistics in the test's schema: name -> its columns."""
+    with engine.connect() as conn:
+        rows = conn.execute(text(
+            "SELECT s.stxname, array_agg(a.attname::text) FROM pg_statistic_ext s "
+            "CROSS JOIN LATERAL unnest(s.stxkeys) AS k(attnum) "
+            "JOIN pg_attribute a ON a.attrelid = s.stxrelid AND a.attnum = k.attnum "
+            "WHERE s.stxnamespace = current_schema()::regnamespace "
+            "AND s.stxrelid = 'stripe_usage_outbox'::regclass GROUP BY s.stxname")).all()
+    return {name: set(columns) for name, columns in rows}
