@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from flask import Flask
 from sqlalchemy import Engine
@@ -14,8 +15,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from .config import Settings
 from .models import utcnow
-from .stripe_gateway import StripeGateway
 from .worker import Drainer, Scheduled, gateway_from, services_for
+
+if TYPE_CHECKING:
+    from .stripe_gateway import StripeGateway
 
 #: The key of ``app.extensions`` that holds the app's :class:`Services`.
 EXTENSION = "billing_outbox"
