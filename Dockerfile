@@ -26,8 +26,12 @@ COPY templates ./templates
 COPY static ./static
 
 # Editable on purpose: the app finds templates/ and static/ beside its package (the project's
-# layout), so the package is used from /app rather than copied into site-packages.
+# layout), so the package is used from /app rather than copied into site-packages. pip compiles
+# what it installs, not an editable package, and at run time nothing may write /app (nor would,
+# with PYTHONDONTWRITEBYTECODE): the package's bytecode is compiled here, once, or every command
+# and every gunicorn worker would compile webapp/ from source as it starts.
 RUN pip install --no-cache-dir -e . \
+    && python -m compileall -q webapp \
     && python -c "import webapp, flask, sqlalchemy, psycopg, gunicorn, apscheduler, alembic"
 
 # Numeric, so a runtime (e.g. Kubernetes runAsNonRoot) can verify it is not root.

@@ -24,11 +24,14 @@ STATIC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))
 
 def create_app(test_config: Mapping[str, Any] | None = None, *,
                settings: Settings | None = None, engine: Engine | None = None,
-               start_drainer: bool | None = None) -> Flask:
+               start_drainer: bool | None = None, pages: bool = True) -> Flask:
     """Build the app. Raises ``ConfigError`` (one line naming the variable) on bad settings.
 
     The in-app drainer starts only when ``DRAINER_ENABLED``, outside tests, and not for CLI
-    commands (``billing-outbox serve`` starts it in the gunicorn workers).
+    commands (``billing-outbox serve`` starts it in the gunicorn workers). ``pages=False``
+    leaves out the dashboard's blueprints (and the modules behind them): ``billing-outbox``
+    builds the app that way, for its commands, which serve no request; the settings are
+    checked and the services built all the same.
     """
     test_config = dict(test_config or {})
     testing = bool(test_config.get("TESTING"))
@@ -61,10 +64,12 @@ def create_app(test_config: Mapping[str, Any] | None = None, *,
     engine = engine or make_engine(settings.database_url)
     app.extensions[EXTENSION] = Services(settings, engine, make_session_factory(engine))
 
-    from .web import register_blueprints
     from .web.cli import register_commands
 
-    register_blueprints(app)
+    if pages:
+        from .web import register_blueprints
+
+        register_blueprints(app)
     register_commands(app)
 
     if start_drainer is None:

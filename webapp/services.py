@@ -1,12 +1,15 @@
 """The typed bag of collaborators that :func:`webapp.create_app` builds, one per app: views,
 commands and the scheduler take what they need from it, so tests can hand in their own
-(an engine, settings, a clock). Nothing here starts anything."""
+(an engine, settings, a clock). Nothing here starts anything, and nothing of the worker is
+loaded before a drainer, a gateway or the maintenance is first asked for (a command that only
+reads does not load it)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from flask import Flask
 from sqlalchemy import Engine
@@ -14,8 +17,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from .config import Settings
 from .models import utcnow
-from .stripe_gateway import StripeGateway
-from .worker import Drainer, Scheduled, gateway_from, services_for
+
+if TYPE_CHECKING:
+    from .stripe_gateway import StripeGateway
+    from .worker import Drainer, Scheduled
 
 #: The key of ``app.extensions`` that holds the app's :class:`Services`.
 EXTENSION = "billing_outbox"
@@ -38,17 +43,23 @@ class Services:
     def drainer(self) -> Drainer:
         """The process's drainer, built on first use."""
         if self._drainer is None:
+            from .worker import Drainer
+
             self._drainer = Drainer(self.engine, self.settings, clock=self.clock)
         return self._drainer
 
     def gateway(self) -> StripeGateway | None:
         """The process's Stripe gateway for the dashboard's calls (None without a key)."""
         if not self._gateway_made:
+            from .worker import gateway_from
+
             self._gateway, self._gateway_made = gateway_from(self.settings), True
         return self._gateway
 
     def maintenance(self) -> list[Scheduled]:
         """The maintenance services (rescuer, rollup folder) with their cadence."""
+        from .worker import services_for
+
         return services_for(self.engine, self.settings, clock=self.clock)
 
 

@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 import secrets
 import subprocess
+import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import PG_URL, cli, pg_schema_url, require_postgres, worker_env
+from conftest import PG_URL, ROOT, cli, pg_schema_url, require_postgres, worker_env
 from sqlalchemy import Engine, create_engine, func, select, text, update
 from sqlalchemy.orm import Session
 
@@ -168,6 +169,28 @@ def test_stats_json_has_the_contracts_keys(env: dict[str, str], engine: Engine) 
     assert isinstance(data["oldest_pending_age_seconds"], int | float)
     assert 0 <= data["oldest_pending_age_seconds"] < 60
     assert data["paused"] is False and data["pause_reason"] is None
+
+
+#: Runs ``billing-outbox`` with its arguments, then names on stderr every module it loaded.
+LOADED = ("import atexit, json, sys\n"
+          "atexit.register(lambda: print(json.dumps(sorted(sys.modules)), file=sys.stderr))\n"
+          "from webapp.web.cli import main\n"
+          "main(sys.argv[1:])\n")
+
+
+def test_reading_commands_load_neither_the_sdk_nor_alembic_nor_the_pages(
+        env: dict[str, str], engine: Engine) -> None:
+    """``stats`` and ``usage`` read the database and print: the Stripe SDK, Alembic, the
+    worker and the dashboard's pages (most of a command's start-up once) stay unloaded, with
+    an API key set too; the commands themselves are all there."""
+    add_event(engine, "quick")
+    for args in (("stats", "--json"), ("usage", "--json", "--tenant", "acme"), ("--help",)):
+        result = ok(subprocess.run([sys.executable, "-c", LOADED, *args], env=env,
+                                   capture_output=True, text=True, timeout=60, cwd=ROOT))
+        loaded = set(json.loads(result.stderr.strip().splitlines()[-1]))
+        assert not loaded & {"stripe", "requests", "alembic", "webapp.migrate",
+                             "webapp.worker", "webapp.web.dashboard", "webapp.web.tenants"}, args
+        assert {"webapp.web.cli_tenants", "webapp.web.cli_stripe"} <= loaded, args
 
 
 def test_drain_once_sends_and_prints_a_summary(env: dict[str, str], engine: Engine,

@@ -1,24 +1,48 @@
 """The only package that imports ``stripe``: our verbs in, plain data and classified outcomes
-out (see STRIPE.md's table and ``webapp.outbox.states.Outcome``)."""
+out (see STRIPE.md's table and ``webapp.outbox.states.Outcome``).
 
-from .client import (
+The SDK is loaded when its first SDK-bound name is used (``StripeGateway``, built only with
+an API key; the error classifiers): the plain data, the protocols and the stream's halving
+cost nothing to import, so a command or a page that never calls Stripe never loads it."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .data import (
     Gateway,
     InvalidSignature,
     MeterEvent,
     StripeCallFailed,
-    StripeGateway,
     SummaryItem,
     ThinEvent,
     report_from,
 )
-from .errors import DUPLICATE_IDENTIFIER_PREFIX, classify_error, stripe_code
 from .stream import (
     MAX_EVENTS_PER_REQUEST,
     StreamGateway,
     StreamResult,
-    classify_stream_error,
     split_refused,
 )
+
+if TYPE_CHECKING:
+    from .client import StripeGateway
+    from .errors import DUPLICATE_IDENTIFIER_PREFIX, classify_error, stripe_code
+    from .stream_sdk import classify_stream_error
+else:
+    #: The SDK-bound names, by the module that holds them (loaded on first use).
+    _LAZY = {"StripeGateway": "client", "DUPLICATE_IDENTIFIER_PREFIX": "errors",
+             "classify_error": "errors", "stripe_code": "errors",
+             "classify_stream_error": "stream_sdk"}
+
+    def __getattr__(name: str) -> Any:
+        if name not in _LAZY:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        from importlib import import_module
+
+        value = getattr(import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
 
 __all__ = ["DUPLICATE_IDENTIFIER_PREFIX", "MAX_EVENTS_PER_REQUEST", "Gateway",
            "InvalidSignature", "MeterEvent", "StreamGateway", "StreamResult", "StripeCallFailed",

@@ -1,86 +1,38 @@
 """Our verbs in, plain data and classified outcomes out: send a meter event (or up to 100
 through a meter event stream, :mod:`.stream`); list meters;
 list customers; list and read Stripe's events (API v2); verify a pushed event notification;
-read meter event summaries; cancel a meter event. Only this package imports ``stripe``."""
+read meter event summaries; cancel a meter event. Only this package imports ``stripe``, and
+only this module (with :mod:`.errors`, :mod:`.http` and :mod:`.stream_sdk`, which it loads)
+at import time: :mod:`.data` and :mod:`.stream` hold what the rest of the product imports."""
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, NamedTuple, Protocol
+from typing import Any
 
 import requests
 import stripe
 
 from ..outbox.meters import DEFAULT_CUSTOMER_KEY, DEFAULT_VALUE_KEY, MeterInfo
-from ..outbox.rejections import ErrorSample, StripeReport
+from ..outbox.rejections import StripeReport
 from ..outbox.states import CallResult, Outcome
 from ..outbox.tenant_sync import StripeCustomer
+from .data import (
+    InvalidSignature,
+    MeterEvent,
+    StripeCallFailed,
+    SummaryItem,
+    ThinEvent,
+    _parse_time,
+    _text,
+    report_from,
+)
 from .errors import classify_error
 from .http import Urllib3Client
-from .stream import StreamResult, StreamSender
-
-
-class MeterEvent(NamedTuple):
-    """Exactly what goes to ``POST /v1/billing/meter_events`` for one outbox event."""
-
-    event_name: str
-    stripe_customer_id: str
-    value: int
-    identifier: str
-    occurred_at: datetime
-    customer_key: str = DEFAULT_CUSTOMER_KEY
-    value_key: str = DEFAULT_VALUE_KEY
-
-    def params(self) -> dict[str, object]:
-        return {
-            "event_name": self.event_name,
-            "payload": {self.customer_key: self.stripe_customer_id,
-                        self.value_key: str(self.value)},
-            "identifier": self.identifier,
-            "timestamp": int(self.occurred_at.timestamp()),
-        }
-
-
-class Gateway(Protocol):
-    """What the drainer needs of Stripe: send one meter event, get a classified outcome."""
-
-    def send(self, event: MeterEvent, idempotency_key: str) -> CallResult: ...
-
-
-class StripeCallFailed(Exception):  # noqa: N818 - the outcome, not a programming error
-    """A call other than sending failed; ``result`` says how (as for a send)."""
-
-    def __init__(self, what: str, result: CallResult) -> None:
-        detail = f"HTTP {result.http_status}" if result.http_status else result.error_class
-        super().__init__(f"{what}: Stripe answered {detail}: {result.message or ''}".strip()
-                         + (f" (request {result.request_id})" if result.request_id else ""))
-        self.result = result
-
-
-class InvalidSignature(Exception):  # noqa: N818 - the refusal itself
-    """A pushed event whose signature does not verify (or is missing)."""
-
-
-@dataclass(frozen=True)
-class ThinEvent:
-    """A thin event: what the list and a push carry (read the rest with ``retrieve_event``)."""
-
-    id: str
-    type: str
-    created: datetime
-
-
-@dataclass(frozen=True)
-class SummaryItem:
-    """One meter event summary: a customer's aggregated value over [start, end)."""
-
-    start: datetime
-    end: datetime
-    value: float
+from .stream import StreamResult
+from .stream_sdk import StreamSender
 
 
 class StripeGateway:
@@ -277,47 +229,6 @@ def _meter(m: dict[str, Any]) -> MeterInfo:
                      value_key=str(value.get("event_payload_key") or DEFAULT_VALUE_KEY),
                      formula=str(aggregation.get("formula") or "sum"),
                      display_name=_text(m.get("display_name")))
-
-
-def report_from(event: dict[str, Any]) -> StripeReport:
-    """A v2 event (as a dict) as the outbox keeps it: its samples flattened, every field
-    Stripe may leave out defaulted."""
-    data = event.get("data") or {}
-    reason = data.get("reason") or {}
-    related = event.get("related_object") or {}
-    samples = []
-    for error_type in reason.get("error_types") or []:
-        for sample in error_type.get("sample_errors") or []:
-            request = sample.get("request") or {}
-            samples.append(ErrorSample(code=_text(error_type.get("code")),
-                                       message=_text(sample.get("error_message")),
-                                       identifier=_text(request.get("identifier"))))
-    try:
-        error_count = int(reason.get("error_count") or 0)
-    except (TypeError, ValueError, OverflowError):
-        error_count = 0
-    # Lengths are the store's business (``webapp.models.limits``): texts come out whole.
-    return StripeReport(
-        id=str(event["id"]), type=str(event.get("type") or ""),
-        created=_parse_time(event.get("created")),
-        meter_id=_text(related.get("id")), error_count=error_count,
-        summary=_text(data.get("developer_message_summary")), samples=tuple(samples),
-        body=json.dumps(event, default=str))
-
-
-def _text(value: Any) -> str | None:
-    """A text field of Stripe's as text (None stays None, anything else its ``str``)."""
-    return None if value is None else str(value)
-
-
-def _parse_time(value: Any) -> datetime:
-    """Stripe's v2 times are RFC 3339 strings; v1's are Unix seconds."""
-    if isinstance(value, datetime):
-        return value.astimezone(UTC)
-    if isinstance(value, int | float):
-        return datetime.fromtimestamp(value, UTC)
-    parsed = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
 
 
 def _rfc3339(value: datetime) -> str:

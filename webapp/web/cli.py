@@ -353,7 +353,8 @@ def main(argv: list[str] | None = None) -> None:
     """The ``billing-outbox`` console script."""
     from ..app import create_app
 
-    group = FlaskGroup(name="billing-outbox", create_app=lambda: create_app(start_drainer=False),
+    group = FlaskGroup(name="billing-outbox",
+                       create_app=lambda: create_app(start_drainer=False, pages=False),
                        add_default_commands=False, add_version_option=False,
                        load_dotenv=False, set_debug_flag=False,
                        help="billing-outbox: usage to Stripe from a transactional outbox.")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 import click
 from flask import current_app
@@ -12,7 +13,10 @@ from flask import current_app
 from ..config import ConfigError
 from ..outbox.operations import RESOLVE_REASONS
 from ..services import Services, services_of
-from ..stripe_gateway import StripeCallFailed, StripeGateway
+from ..stripe_gateway import StripeCallFailed
+
+if TYPE_CHECKING:
+    from ..stripe_gateway import StripeGateway
 
 
 class StripeUnreachable(click.ClickException):

@@ -6,7 +6,6 @@ from flask import Blueprint, current_app, jsonify
 from flask.typing import ResponseReturnValue
 
 from ..db import reading
-from ..migrate import is_current
 from ..read.health import health as read_health
 from ..services import services_of
 from .common import now, svc
@@ -23,7 +22,10 @@ def healthz() -> ResponseReturnValue:
 
 @bp.get("/readyz")
 def readyz() -> ResponseReturnValue:
-    """The database answers and its schema is at the newest revision."""
+    """The database answers and its schema is at the newest revision. (Alembic is loaded by
+    the first probe, not by every process that builds the app.)"""
+    from ..migrate import is_current
+
     try:
         current = is_current(services_of(current_app).engine)
     except Exception as exc:  # noqa: BLE001 - any failure means not ready

@@ -6,10 +6,13 @@ from __future__ import annotations
 import gc
 import os
 import socket
+from typing import TYPE_CHECKING
 
 from ..config import Settings
 from ..outbox.states import Policy
-from ..stripe_gateway import StripeGateway
+
+if TYPE_CHECKING:
+    from ..stripe_gateway import StripeGateway
 
 _frozen = False
 
@@ -46,9 +49,12 @@ def policy_from(settings: Settings) -> Policy:
 
 
 def gateway_from(settings: Settings) -> StripeGateway | None:
-    """The Stripe gateway, or None without ``STRIPE_API_KEY`` (then nothing is sent)."""
+    """The Stripe gateway, or None without ``STRIPE_API_KEY`` (then nothing is sent). The
+    SDK is loaded here, with the first gateway: a process without a key never loads it."""
     if not settings.stripe_api_key:
         return None
+    from ..stripe_gateway import StripeGateway
+
     return StripeGateway(settings.stripe_api_key, api_base=settings.stripe_api_base,
                          timeout_seconds=settings.stripe_timeout_seconds,
                          pool_size=settings.concurrency)
