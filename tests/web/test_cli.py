@@ -411,6 +411,22 @@ def test_usage_equals_counting_rows_with_a_pair_for_every_status(
                 assert value == expected[key].get(name, 0), (key, name)
     assert got[("acme", "api_requests")]["sent_units"] == 13  # folded 5 + live 8
     assert got[("acme", "api_requests")]["processing_events"] == 1
+    # Written a row at a time, the document is byte for byte json.dumps of the whole one.
+    from webapp.read.tenants import USAGE_STATUSES, tenant_usage
+
+    whole = tenant_usage(engine, start=start, end=end, in_flight_apart=True)
+    pairs = [(s, w, f) for s in (*USAGE_STATUSES, "processing")
+             for w, f in (("events", "events"), ("units", "quantity"))]
+    assert len(whole.rows) == 2 and out.stdout == json.dumps({
+        "from": start.isoformat(), "to": end.isoformat(),
+        "rows": [{"tenant_id": r.tenant_id, "meter": r.meter,
+                  **{f"{s}_{w}": getattr(r, f)[s] for s, w, f in pairs}}
+                 for r in whole.rows]}) + "\n"
+    empty = cli("usage", "--json", "--from", "2020-01-01", "--to", "2020-01-02", env=env)
+    assert empty.stdout == '{"from": "2020-01-01", "to": "2020-01-02", "rows": []}\n'
+    text = cli("usage", "--from", start.isoformat(), "--to", end.isoformat(), env=env)
+    assert text.returncode == 0 and len(text.stdout.splitlines()) == 2 + len(whole.rows)
+    assert "acme\tapi_requests\t2/13\t" in text.stdout
 
     month = json.loads(cli("usage", "--json", "--tenant", "globex", env=env).stdout)
     assert month["from"] == now.date().replace(day=1).isoformat()  # this month by default

@@ -117,11 +117,11 @@ def _filter(u: Any, query: UsageQuery) -> list[ColumnElement[bool]]:
     return where
 
 
-def _row(m: Any) -> UsageRow:
+def _row(m: Any, statuses: tuple[str, ...] = USAGE_STATUSES) -> UsageRow:
     """A row of the statement as a ``UsageRow`` (a totals row: no tenant, meter or name)."""
     r = (UsageRow(m["tenant_id"], m["meter"], m["name"], m["stripe_customer_id"])
          if m["tenant_id"] is not None else UsageRow("", ""))
-    for s in USAGE_STATUSES:
+    for s in statuses:
         r.events[s] = int(m[f"{s}_events"] or 0)
         r.quantity[s] = int(m[f"{s}_units"] or 0)
     return r
@@ -198,18 +198,23 @@ def usage_table(conn: Connection, query: UsageQuery) -> UsageTable:
 
 
 def usage_rows_streamed(engine: Engine, *, start: date, end: date,
-                        tenant_id: str | None = None) -> Iterator[UsageRow]:
+                        tenant_id: str | None = None,
+                        in_flight_apart: bool = False) -> Iterator[UsageRow]:
     """Every tenant × meter row of the period, by tenant then meter, read a thousand at a
-    time (the CSV of 100,000 tenants never sits in memory whole). Raises ``ValueError`` for
-    a period that ends before it starts (when first advanced)."""
+    time in one snapshot (the CSV of 100,000 tenants, or the ``usage`` command's JSON, never
+    sits in memory whole); events in flight as ``processing`` of their own with
+    ``in_flight_apart``, as :func:`~webapp.read.tenants.usage_in` counts them. Raises
+    ``ValueError`` for a period that ends before it starts (when first advanced)."""
     period_bounds(start, end)
+    statuses = USAGE_STATUSES + (("processing",) if in_flight_apart else ())
     with reading(engine) as conn:
-        many_rows(conn)
-        per = per_row(conn, start, end, tenant_id).subquery()
+        if tenant_id is None:
+            many_rows(conn)
+        per = per_row(conn, start, end, tenant_id, in_flight_apart=in_flight_apart).subquery()
         result = conn.execution_options(stream_results=True, yield_per=1000).execute(
             select(per).order_by(bytewise(conn, per.c.tenant_id), bytewise(conn, per.c.meter)))
         for m in result.mappings():
-            yield _row(m)
+            yield _row(m, statuses)
 
 
 __all__ = ["ONLY", "PER_PAGE", "SORTS", "UsageQuery", "UsageTable",
