@@ -436,6 +436,17 @@ def test_usage_equals_counting_rows_with_a_pair_for_every_status(
         assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
 
 
+def test_usage_on_a_database_that_fails_the_query_writes_no_half_document(
+        tmp_path: Path) -> None:
+    """The rows are streamed, but the query runs before the first byte is written: a schema
+    that is missing gives the one-line error and an empty standard output, not the start of
+    a JSON document."""
+    env = worker_env(f"sqlite:///{tmp_path / 'never-migrated.sqlite3'}")
+    out = cli("usage", "--json", env=env)
+    assert out.returncode == 1 and out.stdout == ""
+    assert "billing-outbox db upgrade" in out.stderr.strip().splitlines()[-1]
+
+
 def test_prune_as_the_contract_says(env: dict[str, str], engine: Engine, seed: Any) -> None:
     """``prune [--dry-run] [--json] [--as-of]``: terminal rows past OUTBOX_RETENTION_DAYS go,
     dead and rejected ones are counted as kept, usage stays the same, a future ``--as-of``

@@ -4,6 +4,7 @@ numbers for scripts). Thin, like the others: parse, call one function, print."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sys
@@ -158,10 +159,13 @@ def usage(start: str | None, end: str | None, tenant: str | None, as_json: bool)
     # document (75 MB) built in memory first took 800 MB.
     found = usage_rows_streamed(_svc().engine, start=first, end=last, tenant_id=tenant,
                                 in_flight_apart=True)
+    # The query runs before anything is written: a database that fails it leaves no half
+    # document behind.
+    first_row = next(found, None)
     rows = ({"tenant_id": r.tenant_id, "meter": r.meter,
              **{f"{s}_{what}": getattr(r, field)[s] for s in statuses
                 for what, field in (("events", "events"), ("units", "quantity"))}}
-            for r in found)
+            for r in itertools.chain([first_row] if first_row is not None else [], found))
     out = sys.stdout
     if as_json:
         # The same bytes as json.dumps of the whole document, written a row at a time.
