@@ -81,24 +81,22 @@ def age_limits(conn: Connection, now: datetime,
     those inside it, so only the last 35 days' range of each status is read (a dead letter
     stays for good: reading the rows past the limit read nearly every dead row).
     ``counts``: :func:`status_counts` read in the same snapshot, if the caller has it."""
+    if counts is None:
+        counts = status_counts(conn)
     limit = now - MAX_AGE
     parts: dict[str, tuple[Any, ...]] = {s: (status_is(s), IDLE_UNSENT) for s in UNSENT_OPEN}
     parts["processing"] = (IN_FLIGHT,)
     legs = []
     for where in parts.values():
-        if counts is None:
-            legs.append(select(sql_str("all").label("k"), func.count().label("n"))
-                        .where(*where))
         legs.append(select(sql_str("inside").label("k"), func.count().label("n"))
                     .where(*where, T.c.occurred_at >= limit))
         legs.append(select(sql_str("near").label("k"), func.count().label("n"))
                     .where(*where, T.c.occurred_at >= limit,
                            T.c.occurred_at < limit + NEAR_LIMIT))
-    got = {"all": sum(counts[s] for s in parts) if counts is not None else 0,
-           "inside": 0, "near": 0}
+    got = {"inside": 0, "near": 0}
     for k, n in conn.execute(union_all(*legs)):
         got[str(k)] += int(n)
-    return got["near"], got["all"] - got["inside"]
+    return got["near"], sum(counts[s] for s in parts) - got["inside"]
 
 
 @dataclass(frozen=True)
