@@ -1,7 +1,8 @@
 """The tables. Datetimes are timezone-aware (UTC) on both databases.
 
-``outbox`` (events, attempts, tenants, the switch, rollups), ``people`` (users, audit) and
-``stripe_sync`` (what is kept of Stripe's side: meters, its events, reconciliation).
+``outbox`` (events, attempts, tenants, the switch, rollups), ``reports`` (prepared usage
+reports), ``people`` (users, audit) and ``stripe_sync`` (what is kept of Stripe's side:
+meters, its events, reconciliation).
 """
 
 from .base import NAMING, Base, BigID, UTCDateTime, utcnow
@@ -25,6 +26,7 @@ from .outbox import (
     Tenant,
 )
 from .people import AuditEntry, AuditEvent, LoginThrottle, User
+from .reports import REPORT_STATUSES, UsageReport, UsageReportRow
 from .stripe_sync import (
     ReconciliationMismatch,
     ReconciliationRun,
@@ -35,7 +37,8 @@ from .stripe_sync import (
 )
 
 __all__ = [
-    "DEAD_FITS_SQL", "DEAD_OUTSIZE_SQL", "IN_FLIGHT_SQL", "NAMING", "WAITING_IDLE_SQL",
+    "DEAD_FITS_SQL", "DEAD_OUTSIZE_SQL", "IN_FLIGHT_SQL", "NAMING", "REPORT_STATUSES",
+    "WAITING_IDLE_SQL",
     "AttemptRollup", "AuditEntry", "AuditEvent",
     "Base", "BigID", "Control", "DeliveryAttempt", "DrainerHeartbeat", "LoginThrottle",
     "OutboxEvent",
@@ -43,6 +46,7 @@ __all__ = [
     "ReconciliationRun", "RollupState", "SentUsageDay", "SentUsageMonthly", "SentUsageRollup",
     "SentUsageYearly",
     "StripeErrorSample", "StripeEvent",
-    "StripeMeter", "SyncState", "TEXT_LIMIT", "Tenant", "UTCDateTime", "User", "clean", "fit",
+    "StripeMeter", "SyncState", "TEXT_LIMIT", "Tenant", "UTCDateTime", "UsageReport",
+    "UsageReportRow", "User", "clean", "fit",
     "fit_json_list", "fit_key", "fits", "limit_of", "utcnow",
 ]

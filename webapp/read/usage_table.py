@@ -39,6 +39,7 @@ from .counts import Freshness, UnmappedTenant, rollup_freshness
 from .mappings import waiting_for_customer
 from .search import prefix_range
 from .tenants import UsageRow
+from .usage_reports import Report, from_report, newest, rows_of
 from .usage_sources import (
     USAGE_STATUSES,
     as_stored,
@@ -129,36 +130,49 @@ def _row(m: Any, statuses: tuple[str, ...] = USAGE_STATUSES) -> UsageRow:
 
 @dataclass(frozen=True)
 class TenantsPage:
-    table: UsageTable
+    query: UsageQuery
+    #: None when the period is read from a report and none has been prepared.
+    table: UsageTable | None
     unmapped: list[UnmappedTenant]
     unmapped_total: int
     freshness: Freshness
+    #: Whether the period is read from a report (longer than a month), and the report.
+    from_report: bool = False
+    report: Report | None = None
 
 
 def tenants_page(engine: Engine, query: UsageQuery, *, now: datetime,
                  margin: timedelta) -> TenantsPage:
-    """The tenants page, in one snapshot: a page of the period's usage, the tenants waiting
-    longest for a customer (and how many wait), and how fresh the rollups are."""
+    """The tenants page, in one snapshot: a page of the period's usage (summed live, or read
+    from the period's newest report when it is longer than a month: no table if there is
+    none), the tenants waiting longest for a customer (and how many wait), and how fresh the
+    rollups are."""
+    prepared = from_report(query.start, query.end)
     with reading(engine) as conn:
         many_rows(conn)
-        table = usage_table(conn, query)
+        report = newest(conn, query.start, query.end) if prepared else None
+        table = (usage_table(conn, query, report_id=report.id if report else None)
+                 if report is not None or not prepared else None)
         unmapped, total = waiting_for_customer(conn)
-        return TenantsPage(table, unmapped, total,
-                           rollup_freshness(conn, now=now, margin=margin))
+        return TenantsPage(query, table, unmapped, total,
+                           rollup_freshness(conn, now=now, margin=margin), prepared, report)
 
 
-def usage_table(conn: Connection, query: UsageQuery) -> UsageTable:
+def usage_table(conn: Connection, query: UsageQuery, *,
+                report_id: int | None = None) -> UsageTable:
     """One page of the period's usage, sorted and filtered by ``query``, with the totals of
     the whole period and of the matching rows, in one statement: the rows per tenant and
-    meter are computed once (a materialised CTE), then read three times (the page, the
-    period's totals, the matching rows' totals). Raises ``ValueError`` for a period that
-    ends before it starts, an unknown sort or filter."""
+    meter are computed once (a materialised CTE; or read from report ``report_id``), then
+    read three times (the page, the period's totals, the matching rows' totals). Raises
+    ``ValueError`` for a period that ends before it starts, an unknown sort or filter."""
     if query.sort not in SORTS or (query.only and query.only not in ONLY):
         raise ValueError("unknown sort or filter")
+    period_bounds(query.start, query.end)
     # Names and customers are joined to the page's rows only, unless the filter needs them
     # for every row (at 100,000 tenants the join of every row cost a third of the page).
     names = bool(query.text) or query.only == "unmapped"
-    per = per_row(conn, query.start, query.end, names=names).cte("usage_rows")
+    per = (per_row(conn, query.start, query.end, names=names) if report_id is None
+           else rows_of(report_id, names=names)).cte("usage_rows")
     key = _sort_key(per, query.sort, conn)
     where = _filter(per, query)
     figures = [per.c[c] for c in _columns()]
@@ -217,5 +231,18 @@ def usage_rows_streamed(engine: Engine, *, start: date, end: date,
             yield _row(m, statuses)
 
 
-__all__ = ["ONLY", "PER_PAGE", "SORTS", "UsageQuery", "UsageTable",
+def report_rows_streamed(engine: Engine, report_id: int) -> Iterator[UsageRow]:
+    """Every row of report ``report_id``, as :func:`usage_rows_streamed` gives a live
+    period's (by tenant then meter, a thousand at a time), with each tenant's name and
+    customer as they are now."""
+    with reading(engine) as conn:
+        per = rows_of(report_id, names=True).subquery()
+        result = conn.execution_options(stream_results=True, yield_per=1000).execute(
+            select(per).order_by(bytewise(conn, per.c.tenant_id), bytewise(conn, per.c.meter)))
+        for m in result.mappings():
+            yield _row(m)
+
+
+__all__ = ["ONLY", "PER_PAGE", "SORTS", "TenantsPage", "UsageQuery", "UsageTable",
+           "report_rows_streamed",
            "usage_rows_streamed", "usage_table"]

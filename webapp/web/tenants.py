@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from datetime import UTC, date, timedelta
 from typing import Any
@@ -9,10 +10,12 @@ from typing import Any
 from flask import Blueprint, abort, flash, redirect, url_for
 from flask.typing import ResponseReturnValue
 
+from ..db import reading
 from ..outbox.operations import set_tenant
 from ..outbox.rollups import fold_margin
 from ..read import mappings as mapping_reads
 from ..read import tenants as reads
+from ..read import usage_reports as reports
 from ..read import usage_table as table_reads
 from ..read.paging import MAX_PAGE
 from . import charts
@@ -22,6 +25,7 @@ from .params import TENANT_MAX, Day, Int, Text, accepts, page_fields
 from .security import current_user, require_role
 
 bp = Blueprint("tenants", __name__)
+log = logging.getLogger(__name__)
 
 MAX_PERIOD = timedelta(days=400)
 
@@ -34,6 +38,8 @@ NAME = Text("name", 200, source="form")
 #: The CSV of one tenant's usage (its page's "Download CSV"); on the mappings page, the
 #: tenant id its form starts with.
 TENANT = Text("tenant", TENANT_MAX)
+#: The CSV of a prepared report: its id (the report the page showed).
+REPORT = Int("report", 1, 2**62)
 #: The tenants page's table: its order, its page, and which rows (an id's start, part of a
 #: name, a customer id's start; rows with dead or waiting events, tenants without a customer).
 SORT = Text("sort", 20, choices=table_reads.SORTS, default="tenant")
@@ -46,6 +52,13 @@ ONLY = Text("only", 10, choices=table_reads.ONLY)
 AFTER_ID = Text("after", TENANT_MAX, strip=False)
 BEFORE_ID = Text("before", TENANT_MAX, strip=False)
 SHOW = Text("show", 10, choices=("waiting",))
+#: The report form: its period, and the page's view to come back to.
+REPORT_FROM = Day("from", source="form")
+REPORT_TO = Day("to", source="form")
+REPORT_VIEW = (Text("sort", 20, choices=table_reads.SORTS, source="form"),
+               Text("order", 4, choices=("asc", "desc"), source="form"),
+               Text("q", TENANT_MAX, source="form"),
+               Text("only", 10, choices=table_reads.ONLY, source="form"))
 
 #: The usage table's columns, on the page and in its CSV, in the page's order: per status its
 #: units, then its events. The page shows the tenant's name under its id; the file gives it a
@@ -86,7 +99,38 @@ def index() -> ResponseReturnValue:
     return render("tenants/index.html", page=data, t=data.table, start=start, end=end,
                   statuses=reads.USAGE_STATUSES, quick=_quick_periods(), period=period,
                   view={k: v for k, v in view.items() if v}, sorts=SORT_WORDS,
-                  only_words=ONLY_WORDS)
+                  only_words=ONLY_WORDS, live_days=reports.LIVE_DAYS,
+                  keep_days=reports.KEEP.days)
+
+
+@bp.post("/tenants/report")
+@require_role("viewer")
+@accepts(REPORT_FROM, REPORT_TO, *REPORT_VIEW)
+def prepare_report() -> ResponseReturnValue:
+    """Sum every tenant's usage over a long period and keep it, then show it (a period the
+    page reads from a report: longer than a month)."""
+    start, end = REPORT_FROM.get(), REPORT_TO.get()
+    user = current_user()
+    assert user is not None
+    if start is None or end is None:
+        abort(400, "the report needs a period: a from and a to date")
+    view: dict[str, Any] = {f.name: f.get() for f in REPORT_VIEW if f.get()}
+    back = url_for("tenants.index", **{"from": start.isoformat(), "to": end.isoformat(),
+                                       **view})
+    back_to(back)
+    if end < start:
+        abort(400, "the period ends before it starts")
+    if end - start > MAX_PERIOD:
+        abort(400, f"the period can be at most {MAX_PERIOD.days} days")
+    if not reports.from_report(start, end):
+        abort(400, f"periods of {reports.LIVE_DAYS} days or fewer are summed live; "
+                   "there is nothing to prepare")
+    done = reports.prepare(svc().engine, start, end, now=now(), actor=user.email)
+    log.info("usage report %s prepared for %s: %s to %s, %s rows in %.1f s", done.id,
+             user.email, start, end, done.rows, done.seconds)
+    flash(f"The report is ready: {done.rows:,} tenant × meter rows, exact as of "
+          f"{done.as_of.astimezone(UTC):%H:%M:%S} UTC.", "ok")
+    return redirect(back, code=303)
 
 
 #: The orders and filters of the tenants page, in words.
@@ -125,21 +169,44 @@ def mappings() -> ResponseReturnValue:
 
 @bp.get("/tenants.csv")
 @require_role("viewer")
-@accepts(FROM, TO, TENANT)
+@accepts(FROM, TO, TENANT, REPORT)
 def export() -> ResponseReturnValue:
     """The tenants page's table as a file: the period and when it was made, then the page's
     columns in its order, one row per tenant and meter (every one of them, read from the
-    database as the file is sent), and the totals row."""
+    database as the file is sent), and the totals row. A period the page reads from a report
+    is read from report ``report`` (the one the page showed), else from the period's newest;
+    with none kept, it is summed live."""
     start, end = _period()
-    rows = table_reads.usage_rows_streamed(svc().engine, start=start, end=end,
-                                           tenant_id=TENANT.get() or None)
+    tenant = TENANT.get() or None
     preamble = [["Period (UTC days, by when each event occurred)", start.isoformat(),
                  end.isoformat()],
-                ["Generated at (UTC)", now().astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")]]
+                ["Generated at (UTC)", _utc(now())]]
+    report = (_report_for(start, end, REPORT.get())
+              if reports.from_report(start, end, tenant) else None)
+    if report is not None:
+        rows = table_reads.report_rows_streamed(svc().engine, report.id)
+        preamble.append(["Figures exact as of (UTC), a prepared report", _utc(report.as_of)])
+    else:
+        rows = table_reads.usage_rows_streamed(svc().engine, start=start, end=end,
+                                               tenant_id=tenant)
     if TENANT.get():
         preamble.append(["Tenant", TENANT.get()])
     return csv_response(f"usage-{start.isoformat()}-{end.isoformat()}.csv", CSV_HEADER,
                         _csv_rows(rows), preamble=preamble)
+
+
+def _utc(moment: Any) -> str:
+    return str(moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S"))
+
+
+def _report_for(start: date, end: date, report_id: int | None) -> reports.Report | None:
+    """Report ``report_id`` if it is still kept and is of this period, else the period's
+    newest report (None if there is none)."""
+    with reading(svc().engine) as conn:
+        chosen = reports.report_by_id(conn, report_id) if report_id is not None else None
+        if chosen is not None and (chosen.start, chosen.end) == (start, end):
+            return chosen
+        return reports.newest(conn, start, end)
 
 
 def _csv_rows(rows: Iterator[reads.UsageRow]) -> Iterator[list[Any]]:
