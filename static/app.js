@@ -13,6 +13,21 @@
     }
   }, true);
 
+  // <form data-busy="Working…">: once submitted, its button says so and cannot be pressed
+  // again (a request that takes seconds, such as preparing a report).
+  document.addEventListener("submit", function (event) {
+    var form = event.target;
+    if (!(form instanceof HTMLFormElement) || event.defaultPrevented) return;
+    var busy = form.getAttribute("data-busy");
+    var button = form.querySelector('button[type="submit"]');
+    if (!busy || !button) return;
+    window.setTimeout(function () {   // after the browser has read the form
+      button.disabled = true;
+      button.textContent = busy;
+      button.setAttribute("aria-busy", "true");
+    }, 0);
+  });
+
   // <button data-needs-selection>: refuse to submit a bulk action with nothing selected.
   document.addEventListener("click", function (event) {
     var button = event.target.closest ? event.target.closest("[data-needs-selection]") : null;

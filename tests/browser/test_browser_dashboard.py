@@ -689,6 +689,57 @@ def test_a_viewer_has_no_buttons_and_gets_403_when_posting(chromium: Any,
         viewer.close()
 
 
+# -- a long period: a viewer prepares the report, on a laptop and on a phone -------------------
+
+def test_a_viewer_prepares_the_report_of_a_long_period(chromium: Any,
+                                                       browser_stack: Stack) -> None:
+    """Over more than a month the page asks for a report; the viewer presses the button, the
+    page shows the figures with the moment they are exact as of, and its CSV is the report.
+    The same on a 390 px phone, where nothing scrolls sideways."""
+    from playwright.sync_api import expect
+
+    stack = browser_stack
+    today = utcnow().date()
+    period = f"from={(today - timedelta(days=59)).isoformat()}&to={today.isoformat()}"
+    viewer = Visitor(chromium, stack)
+    phone = chromium.new_context(base_url=stack.base, viewport={"width": 390, "height": 844},
+                                 is_mobile=True, has_touch=True, color_scheme="dark")
+    try:
+        page = viewer.page
+        viewer.login(VIEWER)
+        viewer.goto(f"/tenants?{period}&sort=sent_units")
+        expect(page.locator("#report-needed")).to_contain_text("prepared as a report")
+        expect(page.locator("#usage-table")).to_have_count(0)
+        viewer.shot("16-tenants-report-needed")
+        with page.expect_navigation():
+            page.get_by_role("button", name="Prepare the report").click()
+        assert "sort=sent_units" in page.url and "from=" in page.url, page.url
+        expect(page.locator(".flash, .alert").first).to_contain_text("The report is ready")
+        expect(page.locator("#report-as-of")).to_contain_text("exact as of")
+        expect(page.locator("#report-as-of")).to_contain_text(VIEWER)
+        expect(page.locator("#usage-table")).to_contain_text("acme")
+        viewer.shot("17-tenants-report")
+        link = page.get_by_role("link", name=re.compile("Download CSV of the report"))
+        href = link.get_attribute("href")
+        assert href and "report=" in href
+        body = viewer.context.request.get(stack.base + href).text()
+        assert "Figures exact as of (UTC), a prepared report" in body and "acme" in body
+
+        # The same session's cookies on a phone, in dark mode.
+        phone.add_cookies(viewer.context.cookies())
+        small = phone.new_page()
+        small.goto(f"/tenants?{period}")
+        expect(small.locator("#report-as-of")).to_be_visible()
+        overflow = small.evaluate(
+            "document.documentElement.scrollWidth - document.documentElement.clientWidth")
+        assert overflow <= 0, f"the phone page is {overflow}px wider than the window"
+        small.screenshot(path=str(SHOTS / "18-tenants-report-phone.png"), full_page=True)
+        viewer.assert_clean()
+    finally:
+        phone.close()
+        viewer.close()
+
+
 # -- sign-in hardening: a reset password, its forced change, a lock-out ---------------------------
 
 def test_a_reset_password_is_changed_at_the_next_log_in_and_guessing_locks(

@@ -73,6 +73,8 @@ PAGES: tuple[Page, ...] = (
     Page("overview", "/", ("dashboard.overview",)),
     Page("retries", "/retries", ("dashboard.retries",)),
     Page("tenants", "/tenants", ("tenants.index",)),
+    # Over more than a month: the page asks for a prepared report.
+    Page("tenants-report-needed", "/tenants?from=2026-01-01&to=2026-03-31", ("tenants.index",)),
     Page("tenant", "/tenants/acme", ("tenants.show",)),
     Page("mappings", "/mappings", ("tenants.mappings",)),
     # The groups fragment is loaded into the dead-letter page by htmx.
