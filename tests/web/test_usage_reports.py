@@ -16,9 +16,11 @@ from sqlalchemy import func, insert, select, text
 from webapp import services_of
 from webapp.db import reading
 from webapp.models import OutboxEvent, UsageReport, UsageReportRow
+from webapp.outbox.operations import set_tenant
 from webapp.read import tenants as reads
 from webapp.read import usage_reports as reports
-from webapp.read.usage_table import PER_PAGE, UsageQuery, usage_table
+from webapp.read.usage_table import PER_PAGE, UsageQuery, report_table, usage_table
+from webapp.worker.reporter import UsageReporter
 
 from .conftest import csrf_of
 from .test_tenants import read_usage_csv
@@ -31,9 +33,10 @@ def long_period(now: Any) -> tuple[Any, Any]:
     return now.date() - timedelta(days=59), now.date()
 
 
-def old_events(engine: Any, now: Any, n: int, *, status: str = "dead", key: str = "old") -> None:
+def old_events(engine: Any, now: Any, n: int, *, status: str = "dead", key: str = "old",
+               days_ago: int = 45) -> None:
     """``n`` events that occurred 45 days ago (in the long period, outside this month)."""
-    at = now - timedelta(days=45)
+    at = now - timedelta(days=days_ago)
     rows = [dict(tenant_id=f"t{i * 7:05d}", meter="api_requests", quantity=10 + i,
                  idempotency_key=f"{key}-{i}", occurred_at=at, status=status,
                  attempt_count=1, call_count=1, next_attempt_at=at, key_generation=0,
@@ -106,7 +109,9 @@ QUERIES = [dict(sort="tenant"), dict(sort="tenant", descending=True),
            dict(sort="dead_events", descending=True, page=2), dict(text="t001"),
            dict(text="any 12"), dict(text="cus_0020"), dict(only="dead"),
            dict(only="waiting", sort="sent_events"), dict(only="unmapped", page=3),
-           dict(text="t00", only="unmapped"), dict(page=99)]
+           dict(text="t00", only="unmapped"), dict(page=99), dict(sort="sent_units"),
+           dict(sort="waiting_events", descending=True, page=2),
+           dict(only="waiting", sort="dead_events", descending=True)]
 
 
 @pytest.mark.parametrize("variant", QUERIES, ids=lambda v: urlencode(v))
@@ -117,7 +122,7 @@ def test_a_report_reads_back_as_the_live_table(engine, data, now, variant) -> No
     query = UsageQuery(start, end, **variant)
     with reading(engine) as conn:
         live = usage_table(conn, query)
-        kept = usage_table(conn, query, report_id=report.id)
+        kept = report_table(conn, query, report)
     assert (kept.period_rows, kept.matching) == (live.period_rows, live.matching)
     assert kept.rows == live.rows and kept.period_total == live.period_total
     assert kept.matching_total == live.matching_total
@@ -129,15 +134,24 @@ def test_the_report_is_a_snapshot_until_prepared_again(app, client_as, engine, d
     client = client_as("viewer")
     assert prepare(client, now).status_code == 303
     before = totals(client.get(page_url(now)).get_data(as_text=True))
+    unmapped = client.get(page_url(now, only="unmapped")).get_data(as_text=True)
+    assert ('t00000', 'api_requests') in [(t, m) for t, m, _ in ROW_RE.findall(unmapped)]
     old_events(engine, now, 3, status="dead", key="later-dead")
+    set_tenant(engine, "t00000", stripe_customer_id="cus_mapped_later", name="Later",
+               now=now, actor="test")
     html = client.get(page_url(now)).get_data(as_text=True)
     assert totals(html) == before, "the report's figures stay as they were summed"
+    assert ROW_RE.findall(unmapped) == ROW_RE.findall(client.get(page_url(
+        now, only="unmapped")).get_data(as_text=True)), "the customers are the report's too"
     # pressed again at once: the report just made, not another
     assert prepare(client, now).status_code == 303
     assert totals(client.get(page_url(now)).get_data(as_text=True)) == before
     services_of(app).clock = lambda: now + reports.REUSE + timedelta(seconds=1)
     assert prepare(client, now).status_code == 303
     after = totals(client.get(page_url(now)).get_data(as_text=True))
+    now_unmapped = client.get(page_url(now, only="unmapped")).get_data(as_text=True)
+    assert ('t00000', 'api_requests') not in [
+        (t, m) for t, m, _ in ROW_RE.findall(now_unmapped)]
     start, end = long_period(now)
     assert after == summed(reads.tenant_usage(engine, start=start, end=end).rows)
     assert after["dead"][0] == before["dead"][0] + 3
@@ -168,7 +182,6 @@ def test_the_csv_is_the_report_the_page_shows(client_as, engine, data, now) -> N
 
 @pytest.mark.parametrize(("form", "says"), [
     ({"from": "2026-03-01", "to": "2026-02-01"}, "ends before it starts"),
-    ({"from": "2026-03-01", "to": "2026-03-31"}, "summed live"),
     ({"from": "2024-01-01", "to": "2026-03-31"}, "at most 400 days"),
     ({"to": "2026-03-31"}, "needs a period"),
     ({"from": "2026-13-01", "to": "2026-03-31"}, "must be a date"),
@@ -224,3 +237,41 @@ def test_a_report_is_summed_in_one_snapshot(engine, now, monkeypatch) -> None:
     start, end = long_period(now)
     reports.prepare(engine, start, end, now=now, actor="cli")
     assert seen in (["repeatable read"], ["sqlite"])
+
+
+def test_at_many_tenants_the_reporter_keeps_the_quick_periods_prepared(
+        app, client_as, engine, data, now, monkeypatch) -> None:
+    """The reporter prepares this month, the last 7 and 30 days and last month at many
+    tenants (here: from 50 rows), again once they are older than REFRESH; the page reads a
+    quick period from its report while it is younger than STANDING_AGE, and sums live
+    after that. Below the size it prepares nothing."""
+    reporter = UsageReporter(engine, clock=lambda: now)
+    assert reporter.run_once() == 0, "300 tenants are not many"
+    monkeypatch.setattr(reports, "STANDING_FROM_ROWS", 50)
+    assert reporter.run_once() == 4
+    assert reporter.run_once() == 0, "not due again within REFRESH"
+    with engine.connect() as conn:
+        kept = {(r.period_start, r.period_end, r.prepared_by) for r in conn.execute(
+            select(UsageReport.period_start, UsageReport.period_end, UsageReport.prepared_by))}
+    assert kept == {(a.isoformat(), b.isoformat(), reports.SCHEDULE)
+                    for _, a, b in reports.quick_periods(now.date())}
+
+    client = client_as("viewer")
+    month = reads.month_start(now)
+    url = f"/tenants?from={month.isoformat()}&to={now.date().isoformat()}"
+    html = client.get(url).get_data(as_text=True)
+    assert 'id="report-as-of"' in html and "automatically" in html
+    live = reads.tenant_usage(engine, start=month, end=now.date()).rows
+    assert totals(html) == summed(live)
+    old_events(engine, now, 2, status="dead", key="today-dead", days_ago=0)
+    assert totals(client.get(url).get_data(as_text=True)) == summed(live), "the report's"
+    services_of(app).clock = lambda: now + reports.STANDING_AGE + timedelta(seconds=1)
+    html = client.get(url).get_data(as_text=True)
+    assert 'id="report-as-of"' not in html, "an old standing report gives way to a live sum"
+    now_live = summed(reads.tenant_usage(engine, start=month, end=now.date()).rows)
+    assert totals(html) == now_live and now_live["dead"][0] == summed(live)["dead"][0] + 2
+
+    later = UsageReporter(engine, clock=lambda: now + reports.REFRESH + timedelta(seconds=1))
+    assert later.run_once() == 4
+    with engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(UsageReport)).scalar_one() == 4

@@ -17,6 +17,14 @@ from .base import Base, BigID, UTCDateTime
 REPORT_STATUSES = ("sent", "pending", "retrying", "rejected", "dead", "cancelled", "resolved")
 
 
+#: Text compared byte by byte on PostgreSQL (the ``"C"`` collation): the order the usage
+#: table sorts tenants and meters in, so the indexes below serve its pages. SQLite's default
+#: order is already bytewise.
+BytewiseText = String(100).with_variant(String(100, collation="C"), "postgresql")
+#: The figures a report's rows can be sorted by, largest first (an index each).
+SORTED_FIGURES = ("sent_units", "sent_events", "waiting_events", "dead_events")
+
+
 class UsageReport(Base):
     """One preparation of a period's usage (UTC days ``period_start``…``period_end``, every
     tenant), exact as of ``as_of``: the moment of the database snapshot it was summed in."""
@@ -31,6 +39,21 @@ class UsageReport(Base):
     rows: Mapped[int] = mapped_column(Integer)
     seconds: Mapped[float] = mapped_column(Float)
     prepared_by: Mapped[str] = mapped_column(String(255))
+    #: The whole period's totals (every row summed), so a page need not sum 200,000 rows.
+    total_sent_events: Mapped[int] = mapped_column(BigInteger)
+    total_sent_units: Mapped[int] = mapped_column(BigInteger)
+    total_pending_events: Mapped[int] = mapped_column(BigInteger)
+    total_pending_units: Mapped[int] = mapped_column(BigInteger)
+    total_retrying_events: Mapped[int] = mapped_column(BigInteger)
+    total_retrying_units: Mapped[int] = mapped_column(BigInteger)
+    total_rejected_events: Mapped[int] = mapped_column(BigInteger)
+    total_rejected_units: Mapped[int] = mapped_column(BigInteger)
+    total_dead_events: Mapped[int] = mapped_column(BigInteger)
+    total_dead_units: Mapped[int] = mapped_column(BigInteger)
+    total_cancelled_events: Mapped[int] = mapped_column(BigInteger)
+    total_cancelled_units: Mapped[int] = mapped_column(BigInteger)
+    total_resolved_events: Mapped[int] = mapped_column(BigInteger)
+    total_resolved_units: Mapped[int] = mapped_column(BigInteger)
 
     __table_args__ = (
         # The newest report of a period.
@@ -47,8 +70,8 @@ class UsageReportRow(Base):
 
     report_id: Mapped[int] = mapped_column(
         BigID, ForeignKey("usage_reports.id", ondelete="CASCADE"), primary_key=True)
-    tenant_id: Mapped[str] = mapped_column(String(100), primary_key=True)
-    meter: Mapped[str] = mapped_column(String(100), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(BytewiseText, primary_key=True)
+    meter: Mapped[str] = mapped_column(BytewiseText, primary_key=True)
     sent_events: Mapped[int] = mapped_column(BigInteger)
     sent_units: Mapped[int] = mapped_column(BigInteger)
     pending_events: Mapped[int] = mapped_column(BigInteger)
@@ -63,3 +86,16 @@ class UsageReportRow(Base):
     cancelled_units: Mapped[int] = mapped_column(BigInteger)
     resolved_events: Mapped[int] = mapped_column(BigInteger)
     resolved_units: Mapped[int] = mapped_column(BigInteger)
+    #: Pending and retrying events: the page's "waiting" order and filter.
+    waiting_events: Mapped[int] = mapped_column(BigInteger)
+    #: The tenant's name and Stripe customer at that moment: a report is one snapshot, its
+    #: filters read them without joining 100,000 tenants.
+    name: Mapped[str | None] = mapped_column(String(200))
+    stripe_customer_id: Mapped[str | None] = mapped_column(String(255))
+
+
+# A page of a report's rows, largest first, ties by tenant then meter: read in index order.
+for _figure in SORTED_FIGURES:
+    Index(f"ix_usage_report_rows_{_figure}", UsageReportRow.report_id,
+          getattr(UsageReportRow, _figure).desc(), UsageReportRow.tenant_id,
+          UsageReportRow.meter)

@@ -26,8 +26,9 @@ from typing import Any, cast
 
 from sqlalchemy import Connection, Engine, Table, delete, func, insert, literal, select
 
+from ..db import reading
 from ..models import REPORT_STATUSES, UsageReport, UsageReportRow
-from ..outbox.sql import TENANTS
+from ..outbox.sql import SENT_MONTHLY, int_sum
 from .usage_sources import USAGE_STATUSES, as_stored, many_rows, per_row, period_bounds
 
 REPORTS = cast(Table, UsageReport.__table__)
@@ -44,12 +45,22 @@ KEEP = timedelta(days=7)
 #: A report of the same period prepared this recently is returned instead of another (two
 #: people pressing the button at once).
 REUSE = timedelta(seconds=10)
+#: At many tenants a month is slow to sum too (a second at 100,000 tenants): the reporter
+#: keeps the page's quick periods prepared, each at most :data:`REFRESH` old, and the page
+#: reads a period of :data:`LIVE_DAYS` or fewer from its report when it is younger than
+#: :data:`STANDING_AGE` (else it sums live).
+REFRESH = timedelta(minutes=5)
+STANDING_AGE = timedelta(minutes=15)
+#: "Many tenants": this many tenant × meter rows of sent usage this month and last.
+STANDING_FROM_ROWS = 20_000
+#: Who prepared a report the reporter keeps.
+SCHEDULE = "schedule"
 
 
 @dataclass(frozen=True)
 class Report:
     """A prepared report: its period, the moment its figures are exact as of, its size, how
-    long summing took, and who asked."""
+    long summing took, who asked, and the period's totals (figure column -> sum)."""
 
     id: int
     start: date
@@ -58,6 +69,7 @@ class Report:
     rows: int
     seconds: float
     prepared_by: str
+    totals: dict[str, int]
 
 
 def from_report(start: date, end: date, tenant_id: str | None = None) -> bool:
@@ -66,10 +78,57 @@ def from_report(start: date, end: date, tenant_id: str | None = None) -> bool:
     return tenant_id is None and (end - start).days + 1 > LIVE_DAYS
 
 
+def quick_periods(today: date) -> list[tuple[str, date, date]]:
+    """The Tenants & usage page's quick periods: name, first and last day."""
+    last_month_end = today.replace(day=1) - timedelta(days=1)
+    return [("This month", today.replace(day=1), today),
+            ("Last 7 days", today - timedelta(days=6), today),
+            ("Last 30 days", today - timedelta(days=29), today),
+            ("Last month", last_month_end.replace(day=1), last_month_end)]
+
+
+def shown_report(conn: Connection, start: date, end: date, *,
+                 now: datetime) -> tuple[bool, Report | None]:
+    """Whether the page reads the period from a report, and the report (None: none yet).
+    A long period always does; a shorter one when its newest report is younger than
+    :data:`STANDING_AGE` (the reporter's, at many tenants, or one a person prepared)."""
+    report = newest(conn, start, end)
+    if from_report(start, end):
+        return True, report
+    if report is not None and report.as_of >= now - STANDING_AGE:
+        return True, report
+    return False, None
+
+
+def many_tenants(conn: Connection, today: date) -> bool:
+    """Whether this month and last hold :data:`STANDING_FROM_ROWS` tenant × meter rows of
+    sent usage (a bounded count of the monthly rollup's keys)."""
+    months = [today.strftime("%Y-%m"), (today.replace(day=1) - timedelta(days=1)).strftime(
+        "%Y-%m")]
+    found = select(SENT_MONTHLY.c.tenant_id).where(SENT_MONTHLY.c.month.in_(months)).limit(
+        STANDING_FROM_ROWS).subquery()
+    n = conn.execute(select(func.count()).select_from(found)).scalar_one()
+    return int(n) >= STANDING_FROM_ROWS
+
+
+def keep_quick_periods(engine: Engine, *, now: datetime) -> list[Report]:
+    """At many tenants, prepare each quick period whose newest report is older than
+    :data:`REFRESH` (several reporters share the work: a report another prepared meanwhile
+    is not made again); the reports prepared."""
+    today = now.date()
+    with reading(engine) as conn:
+        if not many_tenants(conn, today):
+            return []
+        due = [(a, b) for _, a, b in quick_periods(today)
+               if (r := newest(conn, a, b)) is None or r.as_of < now - REFRESH]
+    return [prepare(engine, a, b, now=now, actor=SCHEDULE) for a, b in due]
+
+
 def _report(row: Any) -> Report:
     return Report(int(row.id), date.fromisoformat(row.period_start),
                   date.fromisoformat(row.period_end), row.as_of, int(row.rows),
-                  float(row.seconds), row.prepared_by)
+                  float(row.seconds), row.prepared_by,
+                  {c: int(row._mapping[f"total_{c}"]) for c in FIGURES})
 
 
 def newest(conn: Connection, start: date, end: date) -> Report | None:
@@ -85,19 +144,13 @@ def report_by_id(conn: Connection, report_id: int) -> Report | None:
     return _report(row) if row is not None else None
 
 
-def rows_of(report_id: int, *, names: bool) -> Any:
+def rows_of(report_id: int) -> Any:
     """A report's rows as :func:`~usage_sources.per_row` gives them: tenant, meter, a units
-    and an events column per status, and (with ``names``) the tenant's name and customer as
-    they are now."""
-    figures = [REPORT_ROWS.c[c] for c in FIGURES]
-    if not names:
-        return select(REPORT_ROWS.c.tenant_id, REPORT_ROWS.c.meter, *figures).where(
-            REPORT_ROWS.c.report_id == report_id)
-    return (select(REPORT_ROWS.c.tenant_id, REPORT_ROWS.c.meter, *figures, TENANTS.c.name,
-                   TENANTS.c.stripe_customer_id)
-            .select_from(REPORT_ROWS.outerjoin(
-                TENANTS, TENANTS.c.tenant_id == REPORT_ROWS.c.tenant_id))
-            .where(REPORT_ROWS.c.report_id == report_id))
+    and an events column per status, and the tenant's name and customer when it was
+    prepared."""
+    r = REPORT_ROWS
+    return select(r.c.tenant_id, r.c.meter, *[r.c[c] for c in FIGURES], r.c.name,
+                  r.c.stripe_customer_id).where(r.c.report_id == report_id)
 
 
 def prepare(engine: Engine, start: date, end: date, *, now: datetime, actor: str) -> Report:
@@ -113,11 +166,14 @@ def prepare(engine: Engine, start: date, end: date, *, now: datetime, actor: str
             return recent
         report_id = int(conn.execute(insert(REPORTS).values(
             period_start=start.isoformat(), period_end=end.isoformat(), as_of=now, rows=0,
-            seconds=0.0, prepared_by=actor).returning(REPORTS.c.id)).scalar_one())
+            seconds=0.0, prepared_by=actor, **{f"total_{c}": 0 for c in FIGURES})
+            .returning(REPORTS.c.id)).scalar_one())
         n = _store_rows(conn, report_id, start, end)
         seconds = time.perf_counter() - t0
         conn.execute(REPORTS.update().where(REPORTS.c.id == report_id)
                      .values(rows=n, seconds=seconds))
+        done = report_by_id(conn, report_id)
+        assert done is not None
     # Apart, after the new report is in: a reader of an old one is never left without one,
     # and two people preparing at once both delete without either's snapshot failing.
     with engine.begin() as conn:
@@ -125,7 +181,11 @@ def prepare(engine: Engine, start: date, end: date, *, now: datetime, actor: str
             ((REPORTS.c.period_start == start.isoformat())
              & (REPORTS.c.period_end == end.isoformat()) & (REPORTS.c.id < report_id))
             | (REPORTS.c.as_of < now - KEEP)))
-    return Report(report_id, start, end, now, n, seconds, actor)
+        if conn.dialect.name == "postgresql":
+            # The planner's row counts for the new report (a fresh table's or id's are
+            # guesses), so its pages are read in index order.
+            conn.exec_driver_sql("ANALYZE usage_report_rows")
+    return done
 
 
 @contextmanager
@@ -144,15 +204,23 @@ def _snapshot_for_writing(engine: Engine) -> Iterator[Connection]:
 def _store_rows(conn: Connection, report_id: int, start: date, end: date) -> int:
     """Sum the period into the report's rows; return how many."""
     many_rows(conn)
-    per = per_row(conn, start, end, names=False).subquery()
-    columns = ["report_id", "tenant_id", "meter", *FIGURES]
+    per = per_row(conn, start, end).subquery()
+    columns = ["report_id", "tenant_id", "meter", *FIGURES, "waiting_events", "name",
+               "stripe_customer_id"]
     source = select(literal(report_id).label("report_id"),
                     as_stored(conn, per.c.tenant_id).label("tenant_id"),
-                    as_stored(conn, per.c.meter).label("meter"), *[per.c[c] for c in FIGURES])
+                    as_stored(conn, per.c.meter).label("meter"), *[per.c[c] for c in FIGURES],
+                    (per.c.pending_events + per.c.retrying_events).label("waiting_events"),
+                    per.c.name, per.c.stripe_customer_id)
     conn.execute(insert(REPORT_ROWS).from_select(columns, source))
-    return int(conn.execute(select(func.count()).select_from(REPORT_ROWS).where(
-        REPORT_ROWS.c.report_id == report_id)).scalar_one())
+    mine = REPORT_ROWS.c.report_id == report_id
+    got = conn.execute(select(func.count().label("n"), *[
+        int_sum(REPORT_ROWS.c[c]).label(f"total_{c}") for c in FIGURES]).where(mine)).one()
+    conn.execute(REPORTS.update().where(REPORTS.c.id == report_id).values(
+        {f"total_{c}": got._mapping[f"total_{c}"] for c in FIGURES}))
+    return int(got.n)
 
 
-__all__ = ["KEEP", "LIVE_DAYS", "REUSE", "Report", "from_report", "newest", "prepare",
-           "report_by_id", "rows_of"]
+__all__ = ["KEEP", "LIVE_DAYS", "REFRESH", "REUSE", "SCHEDULE", "STANDING_AGE", "Report",
+           "from_report", "keep_quick_periods", "many_tenants", "newest", "prepare",
+           "quick_periods", "report_by_id", "rows_of", "shown_report"]

@@ -39,7 +39,7 @@ from .counts import Freshness, UnmappedTenant, rollup_freshness
 from .mappings import waiting_for_customer
 from .search import prefix_range
 from .tenants import UsageRow
-from .usage_reports import Report, from_report, newest, rows_of
+from .usage_reports import REPORT_ROWS, Report, rows_of, shown_report
 from .usage_sources import (
     USAGE_STATUSES,
     as_stored,
@@ -144,35 +144,31 @@ class TenantsPage:
 def tenants_page(engine: Engine, query: UsageQuery, *, now: datetime,
                  margin: timedelta) -> TenantsPage:
     """The tenants page, in one snapshot: a page of the period's usage (summed live, or read
-    from the period's newest report when it is longer than a month: no table if there is
-    none), the tenants waiting longest for a customer (and how many wait), and how fresh the
-    rollups are."""
-    prepared = from_report(query.start, query.end)
+    from the period's report as :func:`~usage_reports.shown_report` says: no table if the
+    period needs one and has none), the tenants waiting longest for a customer (and how
+    many wait), and how fresh the rollups are."""
     with reading(engine) as conn:
         many_rows(conn)
-        report = newest(conn, query.start, query.end) if prepared else None
-        table = (usage_table(conn, query, report_id=report.id if report else None)
-                 if report is not None or not prepared else None)
+        prepared, report = shown_report(conn, query.start, query.end, now=now)
+        table = (report_table(conn, query, report) if report is not None
+                 else None if prepared else usage_table(conn, query))
         unmapped, total = waiting_for_customer(conn)
         return TenantsPage(query, table, unmapped, total,
                            rollup_freshness(conn, now=now, margin=margin), prepared, report)
 
 
-def usage_table(conn: Connection, query: UsageQuery, *,
-                report_id: int | None = None) -> UsageTable:
+def usage_table(conn: Connection, query: UsageQuery) -> UsageTable:
     """One page of the period's usage, sorted and filtered by ``query``, with the totals of
     the whole period and of the matching rows, in one statement: the rows per tenant and
-    meter are computed once (a materialised CTE; or read from report ``report_id``), then
-    read three times (the page, the period's totals, the matching rows' totals). Raises
-    ``ValueError`` for a period that ends before it starts, an unknown sort or filter."""
+    meter are computed once (a materialised CTE), then read three times (the page, the
+    period's totals, the matching rows' totals). Raises ``ValueError`` for a period that
+    ends before it starts, an unknown sort or filter."""
     if query.sort not in SORTS or (query.only and query.only not in ONLY):
         raise ValueError("unknown sort or filter")
-    period_bounds(query.start, query.end)
     # Names and customers are joined to the page's rows only, unless the filter needs them
     # for every row (at 100,000 tenants the join of every row cost a third of the page).
     names = bool(query.text) or query.only == "unmapped"
-    per = (per_row(conn, query.start, query.end, names=names) if report_id is None
-           else rows_of(report_id, names=names)).cte("usage_rows")
+    per = per_row(conn, query.start, query.end, names=names).cte("usage_rows")
     key = _sort_key(per, query.sort, conn)
     where = _filter(per, query)
     figures = [per.c[c] for c in _columns()]
@@ -211,6 +207,45 @@ def usage_table(conn: Connection, query: UsageQuery, *,
                       _row(everything), _row(matching))
 
 
+def report_table(conn: Connection, query: UsageQuery, report: Report) -> UsageTable:
+    """:func:`usage_table` of a prepared report: the same page, order, filter and totals,
+    read from its stored rows (names and customers as they were when it was prepared). The
+    page is read in the order of an index (by tenant, or a figure largest first: the
+    defaults), so it reads 50 rows, not 200,000; the period's totals are the report's own;
+    only a filter sums the rows it matches."""
+    if query.sort not in SORTS or (query.only and query.only not in ONLY):
+        raise ValueError("unknown sort or filter")
+    r = REPORT_ROWS
+    where: list[ColumnElement[bool]] = [r.c.report_id == report.id]
+    if query.text:
+        where.append(or_(prefix_range(r.c.tenant_id, query.text),
+                         ascii_icontains(r.c.name, query.text),
+                         prefix_range(r.c.stripe_customer_id, query.text)))
+    if query.only == "dead":
+        where.append(r.c.dead_events > 0)
+    elif query.only == "waiting":
+        where.append(r.c.waiting_events > 0)
+    elif query.only == "unmapped":
+        where.append(r.c.stripe_customer_id.is_(None))
+    key = r.c.tenant_id if query.sort == "tenant" else r.c[query.sort]
+    order = [key.desc() if query.descending else key.asc()]
+    if query.sort != "tenant":
+        order.append(r.c.tenant_id.asc())
+    order.append(r.c.meter.asc())
+    page = conn.execute(
+        select(r.c.tenant_id, r.c.meter, r.c.name, r.c.stripe_customer_id,
+               *[r.c[c] for c in _columns()]).where(*where).order_by(*order)
+        .limit(query.per_page).offset((query.page - 1) * query.per_page)).mappings().all()
+    everything = _row({"tenant_id": None, **{c: report.totals[c] for c in _columns()}})
+    if not query.filtered():
+        return UsageTable(query, [_row(m) for m in page], report.rows, report.rows, everything,
+                          everything)
+    got = conn.execute(select(func.count().label("n"), *[
+        int_sum(r.c[c]).label(c) for c in _columns()]).where(*where)).mappings().one()
+    return UsageTable(query, [_row(m) for m in page], report.rows, int(got["n"]), everything,
+                      _row({"tenant_id": None, **got}))
+
+
 def usage_rows_streamed(engine: Engine, *, start: date, end: date,
                         tenant_id: str | None = None,
                         in_flight_apart: bool = False) -> Iterator[UsageRow]:
@@ -236,7 +271,7 @@ def report_rows_streamed(engine: Engine, report_id: int) -> Iterator[UsageRow]:
     period's (by tenant then meter, a thousand at a time), with each tenant's name and
     customer as they are now."""
     with reading(engine) as conn:
-        per = rows_of(report_id, names=True).subquery()
+        per = rows_of(report_id).subquery()
         result = conn.execution_options(stream_results=True, yield_per=1000).execute(
             select(per).order_by(bytewise(conn, per.c.tenant_id), bytewise(conn, per.c.meter)))
         for m in result.mappings():
@@ -244,5 +279,5 @@ def report_rows_streamed(engine: Engine, report_id: int) -> Iterator[UsageRow]:
 
 
 __all__ = ["ONLY", "PER_PAGE", "SORTS", "TenantsPage", "UsageQuery", "UsageTable",
-           "report_rows_streamed",
+           "report_rows_streamed", "report_table",
            "usage_rows_streamed", "usage_table"]

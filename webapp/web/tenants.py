@@ -100,15 +100,17 @@ def index() -> ResponseReturnValue:
                   statuses=reads.USAGE_STATUSES, quick=_quick_periods(), period=period,
                   view={k: v for k, v in view.items() if v}, sorts=SORT_WORDS,
                   only_words=ONLY_WORDS, live_days=reports.LIVE_DAYS,
-                  keep_days=reports.KEEP.days)
+                  keep_days=reports.KEEP.days, schedule=reports.SCHEDULE,
+                  refresh_minutes=int(reports.REFRESH.total_seconds() // 60))
 
 
 @bp.post("/tenants/report")
 @require_role("viewer")
 @accepts(REPORT_FROM, REPORT_TO, *REPORT_VIEW)
 def prepare_report() -> ResponseReturnValue:
-    """Sum every tenant's usage over a long period and keep it, then show it (a period the
-    page reads from a report: longer than a month)."""
+    """Sum every tenant's usage over the period and keep it, then show it: a period longer
+    than a month, or a shorter one the page shows from a report (at many tenants) to bring
+    up to the minute."""
     start, end = REPORT_FROM.get(), REPORT_TO.get()
     user = current_user()
     assert user is not None
@@ -122,9 +124,6 @@ def prepare_report() -> ResponseReturnValue:
         abort(400, "the period ends before it starts")
     if end - start > MAX_PERIOD:
         abort(400, f"the period can be at most {MAX_PERIOD.days} days")
-    if not reports.from_report(start, end):
-        abort(400, f"periods of {reports.LIVE_DAYS} days or fewer are summed live; "
-                   "there is nothing to prepare")
     done = reports.prepare(svc().engine, start, end, now=now(), actor=user.email)
     log.info("usage report %s prepared for %s: %s to %s, %s rows in %.1f s", done.id,
              user.email, start, end, done.rows, done.seconds)
@@ -142,12 +141,7 @@ ONLY_WORDS = {"dead": "with dead events", "waiting": "with events waiting to be 
 
 
 def _quick_periods() -> list[tuple[str, date, date]]:
-    today = now().date()
-    last_month_end = today.replace(day=1) - timedelta(days=1)
-    return [("This month", today.replace(day=1), today),
-            ("Last 7 days", today - timedelta(days=6), today),
-            ("Last 30 days", today - timedelta(days=29), today),
-            ("Last month", last_month_end.replace(day=1), last_month_end)]
+    return reports.quick_periods(now().date())
 
 
 @bp.get("/mappings")
@@ -181,8 +175,7 @@ def export() -> ResponseReturnValue:
     preamble = [["Period (UTC days, by when each event occurred)", start.isoformat(),
                  end.isoformat()],
                 ["Generated at (UTC)", _utc(now())]]
-    report = (_report_for(start, end, REPORT.get())
-              if reports.from_report(start, end, tenant) else None)
+    report = _report_for(start, end, REPORT.get()) if tenant is None else None
     if report is not None:
         rows = table_reads.report_rows_streamed(svc().engine, report.id)
         preamble.append(["Figures exact as of (UTC), a prepared report", _utc(report.as_of)])
@@ -200,13 +193,13 @@ def _utc(moment: Any) -> str:
 
 
 def _report_for(start: date, end: date, report_id: int | None) -> reports.Report | None:
-    """Report ``report_id`` if it is still kept and is of this period, else the period's
-    newest report (None if there is none)."""
+    """Report ``report_id`` (the one the page showed) if it is still kept and is of this
+    period, else the report the page would read the period from now (None: summed live)."""
     with reading(svc().engine) as conn:
         chosen = reports.report_by_id(conn, report_id) if report_id is not None else None
         if chosen is not None and (chosen.start, chosen.end) == (start, end):
             return chosen
-        return reports.newest(conn, start, end)
+        return reports.shown_report(conn, start, end, now=now())[1]
 
 
 def _csv_rows(rows: Iterator[reads.UsageRow]) -> Iterator[list[Any]]:
