@@ -674,6 +674,8 @@ def routes(engine: Any, settings: Any, shape: Shape = DEFAULT_SHAPE) -> list[Rou
         ("overview, chart of 30 days", "/?range=30d"),
         ("retries", "/retries"),
         ("tenants (this month)", "/tenants"),
+        ("tenants (last 30 days)", f"/tenants?from={(today - timedelta(days=29)).isoformat()}"
+                                   f"&to={today.isoformat()}"),
         (f"tenants ({days} days)", f"/tenants?{span}"),
         (f"tenant page ({big_tenant}, the largest)", f"/tenants/{big_tenant}"),
         (f"tenant page ({big_tenant}, {days} days)", f"/tenants/{big_tenant}?{span}"),

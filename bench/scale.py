@@ -187,15 +187,32 @@ def run(db: BenchDatabase, *, events: int, runs: int, log: Any = print,
 
 def pages(res: ScaleResults, app: Any, engine: Any, settings: Any, runs: int,
           log: Any) -> None:
+    from webapp.models import utcnow
+    from webapp.read.usage_reports import keep_quick_periods
+
     dashboard.make_users(engine)
     client = dashboard.signed_in_client(app)
     routes = dashboard.routes(engine, settings, SHAPE)
     # The long period's page and CSV read a prepared report: pressed once before sampling
     # (the first sum of the period at this size), and again after (warm).
     prepared = dashboard.prepare_reports(client, routes)
+    # The usage reporter (a maintenance service of the worker and the in-app scheduler)
+    # keeps the quick periods prepared at this size: run as it would be, before sampling and
+    # between rounds when due (its time is not in any sample).
+    t0 = time.perf_counter()
+    made = keep_quick_periods(engine, now=utcnow())
+    reporter_s = time.perf_counter() - t0
+    log(f"scale: the usage reporter prepared {len(made)} reports in {reporter_s:.1f} s")
+    res.table.append(Row(SECTION, "the usage reporter's run: the quick periods (this month, "
+                                  "the last 7 and 30 days, last month) prepared as reports",
+                         f"{reporter_s:.1f} s for {len(made)}", "", "",
+                         "; ".join(f"{r.start}…{r.end}: {r.rows:,} rows in {r.seconds:.1f} s"
+                                   for r in made) + "; again between rounds when 5 minutes "
+                         "old (not timed in any sample)"))
     samples = max(10, 10 * runs)
     log(f"scale: sampling {len(routes)} routes {samples} times each")
-    figs = measure(client, routes, samples, log)
+    figs = measure(client, routes, samples, log,
+                   between=lambda: keep_quick_periods(engine, now=utcnow()))
     worst: list[tuple[float, float, str]] = []
     misses = []
     for r in routes:
@@ -233,7 +250,7 @@ def pages(res: ScaleResults, app: Any, engine: Any, settings: Any, runs: int,
 
 
 def measure(client: Any, routes: list[dashboard.Route], samples: int,
-            log: Any) -> dict[str, dashboard.Timing]:
+            log: Any, between: Any = None) -> dict[str, dashboard.Timing]:
     """``dashboard.measure`` with one warm-up, except that a route whose warm-up took over
     ``SLOW_MS`` (a download: its whole file) gets ``SLOW_SAMPLES`` samples: at this scale a
     few pages take seconds, and sampling each of them ten times would take longer than
@@ -245,6 +262,8 @@ def measure(client: Any, routes: list[dashboard.Route], samples: int,
     log(f"scale: {len(slow)} slow routes (warm-up over {SLOW_MS:.0f} ms): {sorted(slow)}")
     timings = {dashboard.key(r): dashboard.Timing() for r in routes}
     for i in range(samples):
+        if between is not None:
+            between()
         for r in routes:
             if i < SLOW_SAMPLES or dashboard.key(r) not in slow:
                 timings[dashboard.key(r)].add(dashboard.sample(client, r))
