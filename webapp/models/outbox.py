@@ -144,6 +144,13 @@ class OutboxEvent(Base):
                                   "last_http_status"],
               postgresql_where=text("status NOT IN ('sent', 'processing')"),
               sqlite_where=text("status NOT IN ('sent', 'processing')")),
+        # One tenant's unsent events (migration 0015): its page's usage and waiting count
+        # read the tenant's entries, not every unsent event's. Written at the same status
+        # changes as ix_outbox_unsent (none by a claim or a send).
+        Index("ix_outbox_unsent_tenant", "tenant_id", "status", "occurred_at",
+              postgresql_include=["meter", "quantity"],
+              postgresql_where=text("status NOT IN ('sent', 'processing')"),
+              sqlite_where=text("status NOT IN ('sent', 'processing')")),
         Index("ix_outbox_sent_at", "sent_at",
               postgresql_where=text("status = 'sent'"), sqlite_where=text("status = 'sent'")),
         # Pending or retrying (see WAITING_IDLE_SQL).
