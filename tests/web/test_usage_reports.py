@@ -272,6 +272,11 @@ def test_at_many_tenants_the_reporter_keeps_the_quick_periods_prepared(
     assert totals(html) == now_live and now_live["dead"][0] == summed(live)["dead"][0] + 2
 
     later = UsageReporter(engine, clock=lambda: now + reports.REFRESH + timedelta(seconds=1))
-    assert later.run_once() == 4
+    assert later.run_once() == 3, "last month (closed) waits for REFRESH_CLOSED"
+    much_later = UsageReporter(engine, clock=lambda: now + reports.REFRESH_CLOSED
+                               + timedelta(seconds=1))
+    assert much_later.run_once() == 4
     with engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(UsageReport)).scalar_one() == 4
+        assert {r.as_of for r in conn.execute(select(UsageReport.as_of))} == {
+            now + reports.REFRESH_CLOSED + timedelta(seconds=1)}

@@ -51,6 +51,10 @@ REUSE = timedelta(seconds=10)
 #: :data:`STANDING_AGE` (else it sums live).
 REFRESH = timedelta(minutes=5)
 STANDING_AGE = timedelta(minutes=15)
+#: A closed period (last month) changes only when an old event changes status: its report
+#: is brought up to date every hour, and stands in for the live sum for three.
+REFRESH_CLOSED = timedelta(hours=1)
+STANDING_AGE_CLOSED = timedelta(hours=3)
 #: "Many tenants": this many tenant × meter rows of sent usage this month and last.
 STANDING_FROM_ROWS = 20_000
 #: Who prepared a report the reporter keeps.
@@ -91,11 +95,13 @@ def shown_report(conn: Connection, start: date, end: date, *,
                  now: datetime) -> tuple[bool, Report | None]:
     """Whether the page reads the period from a report, and the report (None: none yet).
     A long period always does; a shorter one when its newest report is younger than
-    :data:`STANDING_AGE` (the reporter's, at many tenants, or one a person prepared)."""
+    :data:`STANDING_AGE` (:data:`STANDING_AGE_CLOSED` for a period that has ended): the
+    reporter's, at many tenants, or one a person prepared."""
     report = newest(conn, start, end)
     if from_report(start, end):
         return True, report
-    if report is not None and report.as_of >= now - STANDING_AGE:
+    age = STANDING_AGE if end >= now.date() else STANDING_AGE_CLOSED
+    if report is not None and report.as_of >= now - age:
         return True, report
     return False, None
 
@@ -113,14 +119,15 @@ def many_tenants(conn: Connection, today: date) -> bool:
 
 def keep_quick_periods(engine: Engine, *, now: datetime) -> list[Report]:
     """At many tenants, prepare each quick period whose newest report is older than
-    :data:`REFRESH` (several reporters share the work: a report another prepared meanwhile
-    is not made again); the reports prepared."""
+    :data:`REFRESH` (:data:`REFRESH_CLOSED` for last month) (several reporters share the
+    work: a report another prepared meanwhile is not made again); the reports prepared."""
     today = now.date()
     with reading(engine) as conn:
         if not many_tenants(conn, today):
             return []
         due = [(a, b) for _, a, b in quick_periods(today)
-               if (r := newest(conn, a, b)) is None or r.as_of < now - REFRESH]
+               if (r := newest(conn, a, b)) is None
+               or r.as_of < now - (REFRESH if b >= today else REFRESH_CLOSED)]
     return [prepare(engine, a, b, now=now, actor=SCHEDULE) for a, b in due]
 
 
