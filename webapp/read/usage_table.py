@@ -103,7 +103,9 @@ def _sort_key(u: Any, sort: str, conn: Connection) -> ColumnElement[Any]:
     return u.c[sort]  # type: ignore[no-any-return]
 
 
-def _filter(u: Any, query: UsageQuery) -> list[ColumnElement[bool]]:
+def _filter(u: Any, query: UsageQuery, waiting: Any = None) -> list[ColumnElement[bool]]:
+    """``query``'s filter over the rows ``u`` (``waiting``: their waiting events, when a
+    column holds them)."""
     where: list[ColumnElement[bool]] = []
     if query.text:
         where.append(or_(prefix_range(u.c.tenant_id, query.text),
@@ -112,7 +114,8 @@ def _filter(u: Any, query: UsageQuery) -> list[ColumnElement[bool]]:
     if query.only == "dead":
         where.append(u.c.dead_events > 0)
     elif query.only == "waiting":
-        where.append(u.c.pending_events + u.c.retrying_events > 0)
+        where.append((u.c.pending_events + u.c.retrying_events if waiting is None
+                      else waiting) > 0)
     elif query.only == "unmapped":
         where.append(u.c.stripe_customer_id.is_(None))
     return where
@@ -216,17 +219,7 @@ def report_table(conn: Connection, query: UsageQuery, report: Report) -> UsageTa
     if query.sort not in SORTS or (query.only and query.only not in ONLY):
         raise ValueError("unknown sort or filter")
     r = REPORT_ROWS
-    where: list[ColumnElement[bool]] = [r.c.report_id == report.id]
-    if query.text:
-        where.append(or_(prefix_range(r.c.tenant_id, query.text),
-                         ascii_icontains(r.c.name, query.text),
-                         prefix_range(r.c.stripe_customer_id, query.text)))
-    if query.only == "dead":
-        where.append(r.c.dead_events > 0)
-    elif query.only == "waiting":
-        where.append(r.c.waiting_events > 0)
-    elif query.only == "unmapped":
-        where.append(r.c.stripe_customer_id.is_(None))
+    where = [r.c.report_id == report.id, *_filter(r, query, r.c.waiting_events)]
     key = r.c.tenant_id if query.sort == "tenant" else r.c[query.sort]
     order = [key.desc() if query.descending else key.asc()]
     if query.sort != "tenant":
