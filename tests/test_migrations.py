@@ -33,6 +33,8 @@ def test_head_matches_the_models_and_round_trips(db_url: str) -> None:
                     "SELECT reloptions FROM pg_class WHERE relname = 'stripe_usage_outbox' "
                     "AND relnamespace = current_schema()::regnamespace")).scalar()
             assert "autovacuum_vacuum_scale_factor=0.02" in (options or [])
+            # New rows and row versions leave a tenth of each page free (migration 0016).
+            assert "fillfactor=90" in (options or [])
             assert statistics(engine) == {
                 "stx_outbox_status_errors": {"status", "last_error_code", "last_error_class",
                                              "last_http_status"},
@@ -41,6 +43,11 @@ def test_head_matches_the_models_and_round_trips(db_url: str) -> None:
                 cfg.attributes["connection"] = conn
                 command.downgrade(cfg, "0012")
             assert statistics(engine) == {}
+            with engine.connect() as conn:
+                options = conn.execute(text(
+                    "SELECT reloptions FROM pg_class WHERE relname = 'stripe_usage_outbox' "
+                    "AND relnamespace = current_schema()::regnamespace")).scalar()
+            assert "fillfactor=90" not in (options or [])
             upgrade(engine)
     finally:
         engine.dispose()
