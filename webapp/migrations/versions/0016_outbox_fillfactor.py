@@ -1,7 +1,7 @@
 """Keep each batch's row versions together on PostgreSQL: the outbox's pages are filled to 90%
 
 Revision ID: 0016
-Revises: 0014
+Revises: 0015
 Create Date: 2026-12-02 02:00:00
 
 Every event is written three times on its way to Stripe (enqueued, claimed, sent), and the two
@@ -29,7 +29,7 @@ setting.
 from alembic import op
 
 revision = "0016"
-down_revision = "0014"
+down_revision = "0015"
 branch_labels = None
 depends_on = None
 
