@@ -280,3 +280,14 @@ def test_at_many_tenants_the_reporter_keeps_the_quick_periods_prepared(
         assert conn.execute(select(func.count()).select_from(UsageReport)).scalar_one() == 4
         assert {r.as_of for r in conn.execute(select(UsageReport.as_of))} == {
             now + reports.REFRESH_CLOSED + timedelta(seconds=1)}
+
+
+def test_reports_write_no_log_on_postgresql(pg) -> None:
+    """The reports are a cache rewritten every few minutes at many tenants: unlogged tables
+    on PostgreSQL (no write-ahead log; a crash empties them)."""
+    with pg.connect() as conn:
+        kinds = dict(conn.execute(text(
+            "SELECT relname, relpersistence FROM pg_class WHERE relname IN "
+            "('usage_reports', 'usage_report_rows') "
+            "AND relnamespace = current_schema()::regnamespace")).all())
+    assert kinds == {"usage_reports": "u", "usage_report_rows": "u"}
