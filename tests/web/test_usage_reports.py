@@ -291,3 +291,32 @@ def test_reports_write_no_log_on_postgresql(pg) -> None:
             "('usage_reports', 'usage_report_rows') "
             "AND relnamespace = current_schema()::regnamespace")).all())
     assert kinds == {"usage_reports": "u", "usage_report_rows": "u"}
+
+
+def test_one_report_is_prepared_at_a_time_on_postgresql(pg, now, monkeypatch) -> None:
+    """While another preparation holds the lock, a person's is refused and the reporter
+    waits for its next turn: nothing is summed twice at once, nothing is stored."""
+    start, end = long_period(now)
+    with pg.connect() as other:
+        assert other.execute(text("SELECT pg_try_advisory_xact_lock(8463, 1)")).scalar_one()
+        with pytest.raises(reports.ReportBusy):
+            reports.prepare(pg, start, end, now=now, actor="cli")
+        monkeypatch.setattr(reports, "STANDING_FROM_ROWS", 0)
+        assert UsageReporter(pg, clock=lambda: now).run_once() == 0
+        other.rollback()
+    with pg.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(UsageReport)).scalar_one() == 0
+    assert reports.prepare(pg, start, end, now=now, actor="cli").rows == 0
+
+
+def test_a_busy_preparation_is_said_in_plain_words(client_as, engine, now, monkeypatch) -> None:
+    def busy(*args: Any, **kwargs: Any) -> Any:
+        raise reports.ReportBusy("another report is being prepared")
+
+    monkeypatch.setattr(reports, "prepare", busy)
+    client = client_as("viewer")
+    resp = prepare(client, now, sort="dead_events")
+    assert resp.status_code == 303 and "sort=dead_events" in resp.headers["Location"]
+    html = client.get(resp.headers["Location"]).get_data(as_text=True)
+    assert "Another report is being prepared right now" in html
+    assert 'id="report-needed"' in html

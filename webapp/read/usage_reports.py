@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import Connection, Engine, Table, delete, func, insert, literal, select
+from sqlalchemy import Connection, Engine, Table, delete, func, insert, literal, select, text
 
 from ..db import reading
 from ..models import REPORT_STATUSES, UsageReport, UsageReportRow
@@ -59,6 +59,16 @@ STANDING_AGE_CLOSED = timedelta(hours=3)
 STANDING_FROM_ROWS = 20_000
 #: Who prepared a report the reporter keeps.
 SCHEDULE = "schedule"
+
+
+class ReportBusy(Exception):
+    """Another report is being prepared right now (on PostgreSQL one at a time: each sums
+    hundreds of thousands of rows, and several at once would take every core)."""
+
+
+#: The transaction-scoped advisory lock one preparation holds (PostgreSQL; a two-key lock,
+#: apart from the lanes' one-key locks).
+_LOCK = text("SELECT pg_try_advisory_xact_lock(8463, 1)")
 
 
 @dataclass(frozen=True)
@@ -128,7 +138,13 @@ def keep_quick_periods(engine: Engine, *, now: datetime) -> list[Report]:
         due = [(a, b) for _, a, b in quick_periods(today)
                if (r := newest(conn, a, b)) is None
                or r.as_of < now - (REFRESH if b >= today else REFRESH_CLOSED)]
-    return [prepare(engine, a, b, now=now, actor=SCHEDULE) for a, b in due]
+    made = []
+    for a, b in due:
+        try:
+            made.append(prepare(engine, a, b, now=now, actor=SCHEDULE))
+        except ReportBusy:
+            break  # a person's report first; the rest at the next turn
+    return made
 
 
 def _report(row: Any) -> Report:
@@ -164,10 +180,14 @@ def prepare(engine: Engine, start: date, end: date, *, now: datetime, actor: str
     """Sum every tenant's usage over ``start``…``end`` (UTC days) in one snapshot and keep it
     as a report exact as of ``now``; then drop the period's older reports and every report
     older than :data:`KEEP`. A report of the period prepared within :data:`REUSE` is returned
-    instead. Raises ``ValueError`` for a period that ends before it starts."""
+    instead. Raises ``ValueError`` for a period that ends before it starts, and
+    :class:`ReportBusy` while another report is being prepared (PostgreSQL; SQLite's writers
+    take turns anyway)."""
     period_bounds(start, end)
     t0 = time.perf_counter()
     with _snapshot_for_writing(engine) as conn:
+        if conn.dialect.name == "postgresql" and not conn.execute(_LOCK).scalar_one():
+            raise ReportBusy("another report is being prepared")
         recent = newest(conn, start, end)
         if recent is not None and recent.as_of >= now - REUSE:
             return recent
@@ -229,5 +249,6 @@ def _store_rows(conn: Connection, report_id: int, start: date, end: date) -> int
 
 
 __all__ = ["KEEP", "LIVE_DAYS", "REFRESH", "REUSE", "SCHEDULE", "STANDING_AGE", "Report",
+           "ReportBusy",
            "from_report", "keep_quick_periods", "many_tenants", "newest", "prepare",
            "quick_periods", "report_by_id", "rows_of", "shown_report"]

@@ -124,7 +124,12 @@ def prepare_report() -> ResponseReturnValue:
         abort(400, "the period ends before it starts")
     if end - start > MAX_PERIOD:
         abort(400, f"the period can be at most {MAX_PERIOD.days} days")
-    done = reports.prepare(svc().engine, start, end, now=now(), actor=user.email)
+    try:
+        done = reports.prepare(svc().engine, start, end, now=now(), actor=user.email)
+    except reports.ReportBusy:
+        flash("Another report is being prepared right now (with many tenants each takes a "
+              "few seconds); nothing was started. Try again in a moment.", "error")
+        return redirect(back, code=303)
     log.info("usage report %s prepared for %s: %s to %s, %s rows in %.1f s", done.id,
              user.email, start, end, done.rows, done.seconds)
     flash(f"The report is ready: {done.rows:,} tenant × meter rows, exact as of "
