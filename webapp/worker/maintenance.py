@@ -17,7 +17,7 @@ from sqlalchemy import Engine
 from ..config import Settings
 from ..models import utcnow
 from ..stripe_gateway import StripeCallFailed
-from . import folder, pruner, reconciler, reporter, rescuer
+from . import folder, parker, pruner, reconciler, reporter, rescuer
 from .meters import MeterRefresher
 from .process import gateway_from
 from .stripe_events import EventPoller
@@ -44,14 +44,16 @@ class Scheduled:
 def services_for(engine: Engine, settings: Settings, *,
                  clock: Callable[[], datetime] = utcnow) -> list[Scheduled]:
     """The maintenance a draining process runs, with each service's cadence: the rescuer,
-    the rollup folder, the pruner and the usage reporter always; with ``STRIPE_API_KEY``,
-    reading Stripe's meters, its error reports, and reconciling when due."""
+    the rollup folder, the pruner, the usage reporter and the parker of unmapped tenants'
+    events always; with ``STRIPE_API_KEY``, reading Stripe's meters, its error reports, and
+    reconciling when due."""
     out = [Scheduled(rescuer.Rescuer(engine, clock=clock), rescuer.interval_seconds(settings)),
            Scheduled(folder.RollupFolder(engine, settings, clock=clock),
                      folder.INTERVAL_SECONDS),
            Scheduled(pruner.Pruner(engine, settings, clock=clock),
                      settings.prune_interval_seconds),
-           Scheduled(reporter.UsageReporter(engine, clock=clock), reporter.INTERVAL_SECONDS)]
+           Scheduled(reporter.UsageReporter(engine, clock=clock), reporter.INTERVAL_SECONDS),
+           Scheduled(parker.UnmappedParker(engine, clock=clock), parker.INTERVAL_SECONDS)]
     gateway = gateway_from(settings)
     if gateway is None:
         return out

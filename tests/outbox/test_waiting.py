@@ -1,0 +1,95 @@
+"""Events of tenants without a Stripe customer are put off once they have been due for a
+while, so the claim and the status line's sample stop walking past them; mapping the tenant
+(one at a time, by import, or by hand in the database and then the parker) makes them due at
+once."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import Engine, insert, select
+
+from webapp.db import reading
+from webapp.models import OutboxEvent, Tenant
+from webapp.outbox.claims import claim_batch
+from webapp.outbox.operations import set_tenant
+from webapp.outbox.tenant_import import import_mappings
+from webapp.outbox.waiting import DEFER_AFTER, DEFER_FOR, defer_unmapped
+from webapp.read.health import SAMPLE, health
+from webapp.worker.parker import UnmappedParker
+
+T = OutboxEvent.__table__
+
+
+def due_at(engine: Engine, ids: list[int]) -> dict[int, Any]:
+    with engine.connect() as conn:
+        return {i: at for i, at in conn.execute(
+            select(T.c.id, T.c.next_attempt_at).where(T.c.id.in_(ids)))}
+
+
+def test_unmapped_events_are_put_off_and_mapping_makes_them_due(engine: Engine, seed: Any,
+                                                                now: Any) -> None:
+    seed.tenant("acme", "cus_acme")
+    seed.tenant("ghost", None)
+    long_ago, lately = now - DEFER_AFTER - timedelta(minutes=1), now - timedelta(minutes=1)
+    ghost_old = seed.event(tenant_id="ghost", next_attempt_at=long_ago, now=long_ago)
+    ghost_new = seed.event(tenant_id="ghost", next_attempt_at=lately, now=lately)
+    nobody_old = seed.event(tenant_id="nobody", next_attempt_at=long_ago, now=long_ago)
+    acme_old = seed.event(tenant_id="acme", next_attempt_at=long_ago, now=long_ago)
+    ghost_dead = seed.event(tenant_id="ghost", status="dead", now=long_ago)
+
+    assert defer_unmapped(engine, now=now) == 2
+    later = now + DEFER_FOR
+    at = due_at(engine, [ghost_old, ghost_new, nobody_old, acme_old, ghost_dead])
+    assert at[ghost_old] == later and at[nobody_old] == later
+    assert at[ghost_new] == lately and at[acme_old] == long_ago
+    assert at[ghost_dead] == long_ago
+    assert defer_unmapped(engine, now=now) == 0, "put off once, not again and again"
+
+    set_tenant(engine, "ghost", stripe_customer_id="cus_ghost", name=None, now=now)
+    at = due_at(engine, [ghost_old, nobody_old])
+    assert at[ghost_old] == now and at[nobody_old] == later
+    claim = claim_batch(engine, worker="w:1:a", limit=10, now=now, claim_timeout_seconds=30)
+    assert sorted(e.id for e in claim.events) == sorted([ghost_old, ghost_new, acme_old])
+
+    import_mappings(engine, ["tenant_id,stripe_customer_id,name", "nobody,cus_nobody,"],
+                    now=now, actor="test", source="test.csv")
+    assert due_at(engine, [nobody_old])[nobody_old] == now
+
+
+def test_the_parker_wakes_events_of_a_tenant_mapped_by_hand(engine: Engine, seed: Any,
+                                                            now: Any) -> None:
+    long_ago = now - DEFER_AFTER - timedelta(minutes=1)
+    event = seed.event(tenant_id="late", next_attempt_at=long_ago, now=long_ago)
+    assert UnmappedParker(engine, clock=lambda: now).run_once() == 1
+    assert due_at(engine, [event])[event] == now + DEFER_FOR
+    seed.tenant("late", "cus_late")  # straight into the table, past set_tenant
+    later = now + timedelta(minutes=1)
+    assert UnmappedParker(engine, clock=lambda: later).run_once() == 0
+    assert due_at(engine, [event])[event] == later
+
+
+def test_the_status_line_sees_a_stall_behind_many_unmapped_events(engine: Engine, seed: Any,
+                                                                  now: Any) -> None:
+    """More unmapped due events than the status line samples, older than a sendable one that
+    nobody sends: once they are put off, the stall shows."""
+    seed.tenant("acme", "cus_acme")
+    long_ago = now - timedelta(hours=2)
+    rows = [dict(tenant_id="ghost", meter="api_requests", quantity=1,
+                 idempotency_key=f"ghost-{i}", occurred_at=long_ago, status="pending",
+                 attempt_count=0, call_count=0, next_attempt_at=long_ago, key_generation=0,
+                 created_at=long_ago, updated_at=long_ago) for i in range(SAMPLE + 1)]
+    with engine.begin() as conn:
+        conn.execute(insert(T), rows)
+        conn.execute(insert(Tenant.__table__).values(
+            tenant_id="ghost", stripe_customer_id=None, created_at=now, updated_at=now))
+    sendable = now - timedelta(minutes=30)
+    seed.event(tenant_id="acme", next_attempt_at=sendable, now=sendable)
+    with reading(engine) as conn:
+        before = health(conn, now=now, api_key_here=True)
+    assert before.state == "idle" and before.due == 0  # the sample held only unmapped events
+    assert UnmappedParker(engine, clock=lambda: now).run_once() == SAMPLE + 1
+    with reading(engine) as conn:
+        after = health(conn, now=now, api_key_here=True)
+    assert after.state == "stalled" and after.due == 1, after
