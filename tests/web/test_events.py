@@ -52,3 +52,14 @@ def test_missing_event_and_find(client_as, seed) -> None:
     assert client.get(f"/events?q={ev}", follow_redirects=True).request.path == f"/events/{ev}"
     miss = client.get("/events?q=nope", follow_redirects=True)
     assert miss.request.path == "/search" and "nope" in miss.get_data(as_text=True)
+
+
+def test_an_unmapped_tenants_event_says_it_waits_for_a_customer(client_as, seed) -> None:
+    """Its next attempt is the mapping (the parker moves its time), not a clock time; once
+    the tenant is mapped, the time shows again."""
+    waiting = seed.event(tenant_id="ghost")
+    html = client_as("viewer").get(f"/events/{waiting}").get_data(as_text=True)
+    assert 'id="waits-for-customer"' in html and "/mappings?tenant=ghost" in html
+    seed.tenant("ghost", "cus_ghost")
+    html = client_as("viewer").get(f"/events/{waiting}").get_data(as_text=True)
+    assert 'id="waits-for-customer"' not in html
