@@ -71,9 +71,14 @@ def settle(engine: Any, url: str) -> int:
 
 def insert_batch(engine: Any, n: int, digits: int, now: datetime,
                  tag: str) -> tuple[int, list[str]]:
-    """Settle what is due, then insert ``n`` pending events past the current largest id:
-    (mark, identifiers)."""
+    """Settle what is due, take the parker's turn (the worker's parker puts off unmapped
+    tenants' events every minute), then insert ``n`` pending events past the current largest
+    id: (mark, identifiers)."""
+    from webapp.models import utcnow
+    from webapp.outbox.waiting import defer_unmapped
+
     settle(engine, engine.url.render_as_string(hide_password=False))
+    defer_unmapped(engine, now=utcnow())
     prefix = f"{KEY_PREFIX}{tag}:"
     with engine.begin() as conn:
         mark = int(conn.execute(text(
