@@ -64,6 +64,11 @@ def test_the_parker_wakes_events_of_a_tenant_mapped_by_hand(engine: Engine, seed
     event = seed.event(tenant_id="late", next_attempt_at=long_ago, now=long_ago)
     assert UnmappedParker(engine, clock=lambda: now).run_once() == 1
     assert due_at(engine, [event])[event] == now + DEFER_FOR
+    # Due again when that time comes, and put off again at the parker's next turn (not
+    # after another DEFER_AFTER of claims walking past it).
+    again = now + DEFER_FOR
+    assert UnmappedParker(engine, clock=lambda: again).run_once() == 1
+    assert due_at(engine, [event])[event] == again + DEFER_FOR
     seed.tenant("late", "cus_late")  # straight into the table, past set_tenant
     later = now + timedelta(minutes=1)
     assert UnmappedParker(engine, clock=lambda: later).run_once() == 0

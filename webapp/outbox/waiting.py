@@ -7,8 +7,9 @@ take: 5,000 such events at 10 million rows cost each claim about 80 ms (against 
 1,000 of them filled the status line's whole sample, so it said nothing was due while sendable
 events waited.
 
-So an unmapped tenant's event still due after :data:`DEFER_AFTER` is put off by
-:data:`DEFER_FOR` (its ``next_attempt_at`` moves, nothing else), and is due again as soon as
+So an unmapped tenant's event that is due and at least :data:`DEFER_AFTER` old is put off
+by :data:`DEFER_FOR` (its ``next_attempt_at`` moves, nothing else; put off again as soon as it
+comes due, so the claim meets it for at most one turn of the service), and is due again as soon as
 its tenant gets a customer: mapping a tenant (``set_tenant``, an import or a sync) makes its
 put-off events due in the same transaction, and the maintenance service that puts events off
 first makes due again any whose tenant was mapped another way. An event never claimed has no
@@ -23,8 +24,8 @@ from sqlalchemy import Connection, Engine, exists, select, update
 
 from .sql import CLAIMABLE_SQL, TENANTS, T, sql_str
 
-#: An unmapped tenant's event is put off once it has been due this long (a tenant mapped
-#: within minutes of its first event never sees it happen).
+#: An unmapped tenant's event is put off once it is this old (a tenant mapped within
+#: minutes of its first event never sees it happen).
 DEFER_AFTER = timedelta(minutes=5)
 #: How far it is put off; the service looks again at this cadence, mapping ends it at once.
 DEFER_FOR = timedelta(minutes=10)
@@ -38,12 +39,12 @@ _UNCLAIMED = (CLAIMABLE_SQL, T.c.status == sql_str("pending"), T.c.stripe_custom
 
 
 def defer_unmapped(engine: Engine, *, now: datetime, limit: int = BATCH) -> int:
-    """Put off the events of tenants without a customer that have been due for
-    :data:`DEFER_AFTER`, oldest first (at most ``limit``); how many. Rows another transaction
+    """Put off the due events of tenants without a customer that are at least
+    :data:`DEFER_AFTER` old, oldest first (at most ``limit``); how many. Rows another transaction
     holds are left for the next turn (``SKIP LOCKED`` on PostgreSQL); the UPDATE checks again
     that each is still unclaimed and unmapped."""
-    picked = (select(T.c.id).where(*_UNCLAIMED, T.c.next_attempt_at <= now - DEFER_AFTER,
-                                   ~_MAPPED)
+    picked = (select(T.c.id).where(*_UNCLAIMED, T.c.next_attempt_at <= now,
+                                   T.c.created_at <= now - DEFER_AFTER, ~_MAPPED)
               .order_by(T.c.next_attempt_at, T.c.id).limit(limit))
     with engine.begin() as conn:
         if conn.dialect.name == "postgresql":
