@@ -2,14 +2,17 @@
 asks for it and kept, exact as of that moment.
 
 Usage over a period is a sum per tenant and meter of every source :mod:`usage_sources` names.
-For a month that is quick; for a year of 100,000 tenants it is 600,000 rows grouped into
-200,000, seconds of work that no index can shorten, since the page sorts and totals them all.
+For a year of 100,000 tenants it is 600,000 rows grouped into 200,000, seconds of work that no
+index can shorten, since the page sorts and totals them all (a month: about a second).
 So the Tenants & usage page shows periods longer than :data:`LIVE_DAYS` from a report: a
 person presses "Prepare the report" (a POST: a page view never writes), the figures are
 summed in one snapshot (the same :func:`~usage_sources.per_row` the live page and the
 ``usage`` command read) and stored a row per tenant and meter; from then on the page sorts,
 filters, pages and totals the stored rows, and says the moment they are exact as of. Reports
-are kept :data:`KEEP` long; preparing a period again replaces its older report.
+are kept :data:`KEEP` long; preparing a period again replaces its older report. At many
+tenants the usage reporter (``webapp.worker.reporter``) keeps the quick periods prepared too
+(:func:`keep_quick_periods`), and the page reads them from their reports while fresh
+(:func:`shown_report`).
 
 The ``usage`` command and :func:`webapp.read.tenants.tenant_usage` stay live: they are
 exact at the moment they run.
@@ -37,8 +40,9 @@ REPORT_ROWS = cast(Table, UsageReportRow.__table__)
 FIGURES = [f"{s}_{w}" for s in USAGE_STATUSES for w in ("events", "units")]
 assert REPORT_STATUSES == USAGE_STATUSES, "a report keeps every column of the usage table"
 
-#: The longest period the page sums live (every tenant); a longer one is read from a report.
-#: Every quick period (this month, the last 7 or 30 days, last month) is live.
+#: The longest period the page may sum live (every tenant); a longer one is always read from
+#: a report. Every quick period (this month, the last 7 or 30 days, last month) is this long
+#: or shorter.
 LIVE_DAYS = 31
 #: How long a report is kept after it was prepared.
 KEEP = timedelta(days=7)

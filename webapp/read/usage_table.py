@@ -262,7 +262,7 @@ def usage_rows_streamed(engine: Engine, *, start: date, end: date,
 def report_rows_streamed(engine: Engine, report_id: int) -> Iterator[UsageRow]:
     """Every row of report ``report_id``, as :func:`usage_rows_streamed` gives a live
     period's (by tenant then meter, a thousand at a time), with each tenant's name and
-    customer as they are now."""
+    customer as they were when it was prepared."""
     with reading(engine) as conn:
         per = rows_of(report_id).subquery()
         result = conn.execution_options(stream_results=True, yield_per=1000).execute(

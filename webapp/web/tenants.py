@@ -23,6 +23,7 @@ from .common import csv_response, now, render, svc
 from .errors import back_to
 from .params import TENANT_MAX, Day, Int, Text, accepts, page_fields
 from .security import current_user, require_role
+from .templating import fmt_utc
 
 bp = Blueprint("tenants", __name__)
 log = logging.getLogger(__name__)
@@ -70,8 +71,11 @@ CSV_HEADER = ["Tenant", "Tenant name", "Stripe customer", "Meter"] + [
 def _period() -> tuple[date, date]:
     """The ``from``/``to`` dates (inclusive, UTC); this month so far by default."""
     today = now().date()
-    start = FROM.get() or reads.month_start(now())
-    end = TO.get() or today
+    return _checked(FROM.get() or reads.month_start(now()), TO.get() or today)
+
+
+def _checked(start: date, end: date) -> tuple[date, date]:
+    """``start``…``end``, or 400 naming what is wrong with the period."""
     if end < start:
         abort(400, "the period ends before it starts")
     if end - start > MAX_PERIOD:
@@ -120,10 +124,7 @@ def prepare_report() -> ResponseReturnValue:
     back = url_for("tenants.index", **{"from": start.isoformat(), "to": end.isoformat(),
                                        **view})
     back_to(back)
-    if end < start:
-        abort(400, "the period ends before it starts")
-    if end - start > MAX_PERIOD:
-        abort(400, f"the period can be at most {MAX_PERIOD.days} days")
+    _checked(start, end)
     try:
         done = reports.prepare(svc().engine, start, end, now=now(), actor=user.email)
     except reports.ReportBusy:
@@ -179,11 +180,12 @@ def export() -> ResponseReturnValue:
     tenant = TENANT.get() or None
     preamble = [["Period (UTC days, by when each event occurred)", start.isoformat(),
                  end.isoformat()],
-                ["Generated at (UTC)", _utc(now())]]
+                ["Generated at (UTC)", fmt_utc(now())]]
     report = _report_for(start, end, REPORT.get()) if tenant is None else None
     if report is not None:
         rows = table_reads.report_rows_streamed(svc().engine, report.id)
-        preamble.append(["Figures exact as of (UTC), a prepared report", _utc(report.as_of)])
+        preamble.append(["Figures exact as of (UTC), a prepared report",
+                         fmt_utc(report.as_of)])
     else:
         rows = table_reads.usage_rows_streamed(svc().engine, start=start, end=end,
                                                tenant_id=tenant)
@@ -191,10 +193,6 @@ def export() -> ResponseReturnValue:
         preamble.append(["Tenant", TENANT.get()])
     return csv_response(f"usage-{start.isoformat()}-{end.isoformat()}.csv", CSV_HEADER,
                         _csv_rows(rows), preamble=preamble)
-
-
-def _utc(moment: Any) -> str:
-    return str(moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S"))
 
 
 def _report_for(start: date, end: date, report_id: int | None) -> reports.Report | None:
