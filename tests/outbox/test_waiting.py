@@ -78,7 +78,8 @@ def test_the_parker_wakes_events_of_a_tenant_mapped_by_hand(engine: Engine, seed
 def test_the_status_line_sees_a_stall_behind_many_unmapped_events(engine: Engine, seed: Any,
                                                                   now: Any) -> None:
     """More unmapped due events than the status line samples, older than a sendable one that
-    nobody sends: once they are put off, the stall shows."""
+    nobody sends: the stall shows, before they are put off (the line looks past its sample)
+    and after."""
     seed.tenant("acme", "cus_acme")
     long_ago = now - timedelta(hours=2)
     rows = [dict(tenant_id="ghost", meter="api_requests", quantity=1,
@@ -93,7 +94,7 @@ def test_the_status_line_sees_a_stall_behind_many_unmapped_events(engine: Engine
     seed.event(tenant_id="acme", next_attempt_at=sendable, now=sendable)
     with reading(engine) as conn:
         before = health(conn, now=now, api_key_here=True)
-    assert before.state == "idle" and before.due == 0  # the sample held only unmapped events
+    assert before.state == "stalled" and before.due == 1, before
     assert UnmappedParker(engine, clock=lambda: now).run_once() == SAMPLE + 1
     with reading(engine) as conn:
         after = health(conn, now=now, api_key_here=True)

@@ -18,9 +18,9 @@ from sqlalchemy import Engine, insert, select, update
 from support.fake_stripe import FakeStripe
 
 from webapp import create_app
-from webapp.models import DrainerHeartbeat, StripeMeter, SyncState, utcnow
+from webapp.models import DrainerHeartbeat, OutboxEvent, StripeMeter, SyncState, utcnow
 from webapp.outbox import operations
-from webapp.read.health import Health, health
+from webapp.read.health import SAMPLE, Health, health
 from webapp.worker import Drainer
 
 H = DrainerHeartbeat.__table__
@@ -139,6 +139,44 @@ def test_events_of_a_meter_stripe_lacks_are_meter_missing(engine: Engine, seed: 
     assert h.state == "meter_missing" and h.meter == "storage_gb"
     assert "2 events wait for the meter “storage_gb”" in h.detail
     assert "1 other meter" in h.detail
+
+
+def test_a_stall_wins_over_a_missing_meter_and_names_it(engine: Engine, seed: Any) -> None:
+    """A missing meter is a warning; events that could go out and do not are critical: the
+    line says Stalled, and the meter too."""
+    seed.tenant("acme", "cus_acme")
+    now = utcnow()
+    meters_read(engine, active=["api_requests"], inactive=["storage_gb"])
+    seed.events(2, meter="storage_gb", next_attempt_at=now - timedelta(minutes=20))
+    seed.events(1, meter="api_requests", next_attempt_at=now - timedelta(minutes=9))
+    seed.event(status="sent", sent_at=now - timedelta(minutes=30))
+    h = read(engine, now=now)
+    assert (h.state, h.level) == ("stalled", "critical"), h
+    assert h.due == 1 and h.meter == "storage_gb"
+    assert "3 events due and nothing sent for 30 min: no drainer is running." in h.detail
+    assert "Also, 2 events wait for the meter “storage_gb”" in h.detail
+
+
+def test_a_stall_behind_more_held_events_than_the_sample_shows(engine: Engine,
+                                                                seed: Any) -> None:
+    """More due events of a missing meter than the line samples, all older than a sendable
+    event nobody sends: the line still sees the sendable one and says Stalled."""
+    seed.tenant("acme", "cus_acme")
+    now = utcnow()
+    meters_read(engine, active=["api_requests"], inactive=["storage_gb"])
+    long_ago = now - timedelta(hours=2)
+    with engine.begin() as conn:
+        conn.execute(insert(OutboxEvent.__table__), [dict(
+            tenant_id="acme", meter="storage_gb", quantity=1, idempotency_key=f"held-{i}",
+            occurred_at=long_ago, status="pending", attempt_count=0, call_count=0,
+            next_attempt_at=long_ago, key_generation=0, created_at=long_ago,
+            updated_at=long_ago) for i in range(SAMPLE)])
+    h = read(engine, now=now)
+    assert h.state == "meter_missing" and h.due == 0 and h.due_more  # nothing sendable behind
+    seed.events(1, meter="api_requests", next_attempt_at=now - timedelta(minutes=30))
+    h = read(engine, now=now)
+    assert (h.state, h.due, h.due_more) == ("stalled", 1, True), h
+    assert "wait for the meter “storage_gb”" in h.detail
 
 
 def test_the_status_line_is_on_every_page_and_health_is_json(

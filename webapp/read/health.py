@@ -6,14 +6,17 @@ one state, read from what is really happening, never from a flag someone forgot 
 - **Paused** — an operator (or a worker, after Stripe refused the key) switched sending off.
 - **Holding** — a drainer's circuit breaker is open: Stripe is failing and claims are held
   back until the next probe; or Stripe's meters were never read, so nothing can be sent yet.
+- **Stalled** — events a drainer could send are due and nothing has been sent for
+  ``STALLED_AFTER``: no drainer is running, or it is stuck (ahead of a missing meter, which it
+  then names too).
 - **Meter missing** — events are due for a meter Stripe does not have (active); they wait.
-- **Stalled** — events are due and nothing has been sent for ``STALLED_AFTER``: no drainer is
-  running, or it is stuck.
 - **Sending** — an event went out within ``STALLED_AFTER`` (the only green state).
 - **Idle** — nothing is due (events may wait for their retry time).
 
 Every read is bounded: the due events are sampled from the claim's own index
-(``ix_outbox_claimable``), at most ``SAMPLE`` of them, oldest first, where held ones collect.
+(``ix_outbox_claimable``), at most ``SAMPLE`` of them, oldest first, where held ones collect;
+when every one of them waits (for a meter or a customer), one more read looks past them for the
+oldest event a drainer could send, so a stall behind them still shows.
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
-from sqlalchemy import Connection, func, select
+from sqlalchemy import Connection, exists, false, func, or_, select
 
 from ..outbox import sync
 from ..outbox.control import pause_state
@@ -133,21 +137,25 @@ def health(conn: Connection, *, now: datetime, api_key_here: bool) -> Health:
         why = listing.detail or "no answer"
         return state("holding", f"Stripe's meters cannot be read ({why}); sending waits "
                      f"until they can. {waiting} due.", since=listing.ran_at)
+    missing, meter = "", None
     if due.held_by_meter:
         meter, n = max(due.held_by_meter.items(), key=lambda kv: kv[1])
         others = len(due.held_by_meter) - 1
-        return state("meter_missing", f"{_count(n, due.more)} wait for the meter "
-                      f"“{meter}”, which Stripe does not have (active)"
-                      + (f", and {others} other meter(s)" if others else "") + ".",
-                      meter=meter)
+        missing = (f"{_count(n, due.more)} wait for the meter “{meter}”, which Stripe does "
+                   "not have (active)" + (f", and {others} other meter(s)" if others else "")
+                   + ".")
     quiet = last_sent is None or now - last_sent >= STALLED_AFTER
     if (due.oldest_sendable is not None and now - due.oldest_sendable >= STALLED_AFTER
             and quiet):
+        # Ahead of a missing meter: events that could go out and do not are the worse news.
         minutes = int((now - (last_sent or due.oldest_sendable)).total_seconds() // 60)
         why = ("no drainer is running" if not beats
                else "the running drainers are not sending them")
-        return state("stalled", f"{waiting} due and nothing sent for {minutes} min: {why}.",
-                      since=last_sent)
+        return state("stalled", f"{waiting} due and nothing sent for {minutes} min: {why}."
+                     + (f" Also, {missing[0].lower()}{missing[1:]}" if missing else ""),
+                     since=last_sent, meter=meter)
+    if missing:
+        return state("meter_missing", missing, meter=meter)
     if not quiet:
         return state("sending", f"Events are going out to Stripe. {waiting} due.",
                       since=last_sent)
@@ -181,7 +189,28 @@ def _due(conn: Connection, now: datetime, active: set[str] | None) -> _Due:
         when = as_utc(at)
         if when is not None and (oldest is None or when < oldest):
             oldest = when
-    return _Due(sendable, oldest, held, len(rows) >= SAMPLE)
+    more = len(rows) >= SAMPLE
+    if more and not sendable:
+        # The whole sample waits (for a meter or a customer): a sendable event may be due
+        # behind it, and nobody sending it would be a stall no one sees. Look past them for
+        # the oldest one, as a claim does.
+        oldest = _oldest_sendable(conn, now, active)
+        sendable = int(oldest is not None)
+    return _Due(sendable, oldest, held, more)
+
+
+def _oldest_sendable(conn: Connection, now: datetime,
+                     active: set[str] | None) -> datetime | None:
+    """When the oldest due event a drainer can send came due (the claim's index, past the
+    events that wait for a meter or a customer); None if there is none."""
+    mapped = exists().where(TENANTS.c.tenant_id == T.c.tenant_id,
+                            TENANTS.c.stripe_customer_id.is_not(None))
+    where: list[Any] = [CLAIMABLE_SQL, T.c.next_attempt_at <= now,
+                        or_(T.c.stripe_customer_id.is_not(None), mapped)]
+    if active is not None:
+        where.append(T.c.meter.in_(sorted(active)) if active else false())
+    return as_utc(conn.execute(select(T.c.next_attempt_at).where(*where)
+                               .order_by(T.c.next_attempt_at, T.c.id).limit(1)).scalar())
 
 
 def _count(n: int, more: bool) -> str:
