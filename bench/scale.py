@@ -120,7 +120,7 @@ def run(db: BenchDatabase, *, events: int, runs: int, log: Any = print,
     from webapp.config import Settings
     from webapp.models import utcnow
     from webapp.outbox import rollups
-    from webapp.outbox.waiting import defer_unmapped
+    from webapp.outbox.waiting import defer_unsendable
 
     res = ScaleResults(events=events, runs=runs)
     add = res.table.append
@@ -140,7 +140,7 @@ def run(db: BenchDatabase, *, events: int, runs: int, log: Any = print,
         fold_s = time.perf_counter() - t0
         # The parker's first turn, as the worker takes it within a minute of starting.
         t0 = time.perf_counter()
-        parked = defer_unmapped(engine, now=utcnow())
+        parked = defer_unsendable(engine, now=utcnow())
         park_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         dashboard.maintain(engine, "VACUUM (ANALYZE)",
@@ -197,7 +197,7 @@ def run(db: BenchDatabase, *, events: int, runs: int, log: Any = print,
 def pages(res: ScaleResults, app: Any, engine: Any, settings: Any, runs: int,
           log: Any) -> None:
     from webapp.models import utcnow
-    from webapp.outbox.waiting import defer_unmapped
+    from webapp.outbox.waiting import defer_unsendable
     from webapp.read.usage_reports import keep_quick_periods
 
     dashboard.make_users(engine)
@@ -223,7 +223,7 @@ def pages(res: ScaleResults, app: Any, engine: Any, settings: Any, runs: int,
     log(f"scale: sampling {len(routes)} routes {samples} times each")
     def maintenance() -> None:
         keep_quick_periods(engine, now=utcnow())
-        defer_unmapped(engine, now=utcnow())
+        defer_unsendable(engine, now=utcnow())
 
     figs = measure(client, routes, samples, log, between=maintenance)
     worst: list[tuple[float, float, str]] = []

@@ -75,10 +75,10 @@ def insert_batch(engine: Any, n: int, digits: int, now: datetime,
     tenants' events every minute), then insert ``n`` pending events past the current largest
     id: (mark, identifiers)."""
     from webapp.models import utcnow
-    from webapp.outbox.waiting import defer_unmapped
+    from webapp.outbox.waiting import defer_unsendable
 
     settle(engine, engine.url.render_as_string(hide_password=False))
-    defer_unmapped(engine, now=utcnow())
+    defer_unsendable(engine, now=utcnow())
     prefix = f"{KEY_PREFIX}{tag}:"
     with engine.begin() as conn:
         mark = int(conn.execute(text(

@@ -13,11 +13,13 @@ from sqlalchemy import Engine, insert, select
 from webapp.db import reading
 from webapp.models import OutboxEvent, Tenant
 from webapp.outbox.claims import claim_batch
+from webapp.outbox.meters import MeterInfo, store_meters
 from webapp.outbox.operations import set_tenant
+from webapp.outbox.sync import METERS, record_run
 from webapp.outbox.tenant_import import import_mappings
-from webapp.outbox.waiting import DEFER_AFTER, DEFER_FOR, defer_unmapped
+from webapp.outbox.waiting import DEFER_AFTER, DEFER_FOR, defer_unsendable
 from webapp.read.health import SAMPLE, health
-from webapp.worker.parker import UnmappedParker
+from webapp.worker.parker import Parker
 
 T = OutboxEvent.__table__
 
@@ -39,13 +41,13 @@ def test_unmapped_events_are_put_off_and_mapping_makes_them_due(engine: Engine, 
     acme_old = seed.event(tenant_id="acme", next_attempt_at=long_ago, now=long_ago)
     ghost_dead = seed.event(tenant_id="ghost", status="dead", now=long_ago)
 
-    assert defer_unmapped(engine, now=now) == 2
+    assert defer_unsendable(engine, now=now) == 2
     later = now + DEFER_FOR
     at = due_at(engine, [ghost_old, ghost_new, nobody_old, acme_old, ghost_dead])
     assert at[ghost_old] == later and at[nobody_old] == later
     assert at[ghost_new] == lately and at[acme_old] == long_ago
     assert at[ghost_dead] == long_ago
-    assert defer_unmapped(engine, now=now) == 0, "put off once, not again and again"
+    assert defer_unsendable(engine, now=now) == 0, "put off once, not again and again"
 
     set_tenant(engine, "ghost", stripe_customer_id="cus_ghost", name=None, now=now)
     at = due_at(engine, [ghost_old, nobody_old])
@@ -62,16 +64,16 @@ def test_the_parker_wakes_events_of_a_tenant_mapped_by_hand(engine: Engine, seed
                                                             now: Any) -> None:
     long_ago = now - DEFER_AFTER - timedelta(minutes=1)
     event = seed.event(tenant_id="late", next_attempt_at=long_ago, now=long_ago)
-    assert UnmappedParker(engine, clock=lambda: now).run_once() == 1
+    assert Parker(engine, clock=lambda: now).run_once() == 1
     assert due_at(engine, [event])[event] == now + DEFER_FOR
     # Due again when that time comes, and put off again at the parker's next turn (not
     # after another DEFER_AFTER of claims walking past it).
     again = now + DEFER_FOR
-    assert UnmappedParker(engine, clock=lambda: again).run_once() == 1
+    assert Parker(engine, clock=lambda: again).run_once() == 1
     assert due_at(engine, [event])[event] == again + DEFER_FOR
     seed.tenant("late", "cus_late")  # straight into the table, past set_tenant
     later = now + timedelta(minutes=1)
-    assert UnmappedParker(engine, clock=lambda: later).run_once() == 0
+    assert Parker(engine, clock=lambda: later).run_once() == 0
     assert due_at(engine, [event])[event] == later
 
 
@@ -95,7 +97,57 @@ def test_the_status_line_sees_a_stall_behind_many_unmapped_events(engine: Engine
     with reading(engine) as conn:
         before = health(conn, now=now, api_key_here=True)
     assert before.state == "stalled" and before.due == 1, before
-    assert UnmappedParker(engine, clock=lambda: now).run_once() == SAMPLE + 1
+    assert Parker(engine, clock=lambda: now).run_once() == SAMPLE + 1
     with reading(engine) as conn:
         after = health(conn, now=now, api_key_here=True)
     assert after.state == "stalled" and after.due == 1, after
+
+
+def listed(engine: Engine, now: Any, *active: str, ok: bool = True) -> None:
+    """A listing of Stripe's meters that shows ``active`` active (and how it went)."""
+    store_meters(engine, [MeterInfo(m, f"mtr_{m}", "active") for m in active], now=now)
+    record_run(engine, METERS, ok=ok, detail=None, now=now)
+
+
+def test_events_of_a_missing_meter_are_put_off_until_a_listing_shows_it(
+        engine: Engine, seed: Any, now: Any) -> None:
+    seed.tenant("acme", "cus_acme")
+    long_ago = now - DEFER_AFTER - timedelta(minutes=1)
+    missing = seed.event(tenant_id="acme", meter="storage_gb", next_attempt_at=long_ago,
+                         now=long_ago)
+    sendable = seed.event(tenant_id="acme", meter="api_requests", next_attempt_at=long_ago,
+                          now=long_ago)
+    listed(engine, now, "api_requests")
+    assert defer_unsendable(engine, now=now) == 1
+    at = due_at(engine, [missing, sendable])
+    assert at[missing] == now + DEFER_FOR and at[sendable] == long_ago
+    # The parker's waking pass leaves it put off: its tenant is mapped, its meter still missing.
+    later = now + timedelta(minutes=1)
+    assert Parker(engine, clock=lambda: later).run_once() == 0
+    assert due_at(engine, [missing])[missing] == now + DEFER_FOR
+    # A listing that shows the meter makes it due in the listing's own transaction.
+    store_meters(engine, [MeterInfo("api_requests", "mtr_a", "active"),
+                          MeterInfo("storage_gb", "mtr_s", "active")], now=later)
+    assert due_at(engine, [missing])[missing] == later
+    claim = claim_batch(engine, worker="w:1:a", limit=10, now=later, claim_timeout_seconds=30)
+    assert sorted(e.id for e in claim.events) == sorted([missing, sendable])
+
+
+def test_no_meter_is_put_off_unless_the_last_listing_succeeded(engine: Engine, seed: Any,
+                                                               now: Any) -> None:
+    """A drainer that never listed the meters sends every event; one whose listing fails
+    holds them all (Holding): putting them off would only delay them when it recovers."""
+    seed.tenant("acme", "cus_acme")
+    long_ago = now - DEFER_AFTER - timedelta(minutes=1)
+    event = seed.event(tenant_id="acme", meter="storage_gb", next_attempt_at=long_ago,
+                       now=long_ago)
+    assert defer_unsendable(engine, now=now) == 0
+    listed(engine, now, "api_requests", ok=False)
+    assert defer_unsendable(engine, now=now) == 0
+    assert due_at(engine, [event])[event] == long_ago
+    record_run(engine, METERS, ok=True, detail=None, now=now)
+    assert defer_unsendable(engine, now=now) == 1
+    # The listing fails again: the waking pass makes it due (the drainer decides).
+    record_run(engine, METERS, ok=False, detail="down", now=now)
+    assert Parker(engine, clock=lambda: now).run_once() == 0
+    assert due_at(engine, [event])[event] == now

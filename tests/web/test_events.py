@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from webapp.models import utcnow
+from webapp.outbox.meters import MeterInfo, store_meters
+from webapp.outbox.sync import METERS, record_run
+
 from .conftest import csrf_of
 
 
@@ -63,3 +67,21 @@ def test_an_unmapped_tenants_event_says_it_waits_for_a_customer(client_as, seed)
     seed.tenant("ghost", "cus_ghost")
     html = client_as("viewer").get(f"/events/{waiting}").get_data(as_text=True)
     assert 'id="waits-for-customer"' not in html
+
+
+def test_an_event_of_a_missing_meter_says_it_waits_for_the_meter(client_as, seed,
+                                                                  engine) -> None:
+    """Once Stripe's meters are listed and its meter is not active, the event's next attempt
+    is the meter, not a clock time; a listing that shows the meter ends it."""
+    seed.tenant("acme", "cus_acme")
+    waiting = seed.event(tenant_id="acme", meter="storage_gb")
+    now = utcnow()
+    store_meters(engine, [MeterInfo("api_requests", "mtr_1", "active")], now=now)
+    record_run(engine, METERS, ok=True, detail=None, now=now)
+    html = client_as("viewer").get(f"/events/{waiting}").get_data(as_text=True)
+    assert 'id="waits-for-meter"' in html and "storage_gb" in html
+    assert 'id="waits-for-customer"' not in html
+    store_meters(engine, [MeterInfo("api_requests", "mtr_1", "active"),
+                          MeterInfo("storage_gb", "mtr_2", "active")], now=now)
+    html = client_as("viewer").get(f"/events/{waiting}").get_data(as_text=True)
+    assert 'id="waits-for-meter"' not in html

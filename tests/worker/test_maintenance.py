@@ -85,14 +85,14 @@ def test_a_draining_process_runs_the_rescuer_the_folder_the_pruner_and_the_repor
     scheduled = services_for(engine, settings)
     assert {(s.service.name, s.every_seconds) for s in scheduled} == {
         ("rescue", 10.0), ("fold", 60.0), ("prune", 900.0), ("usage-reports", 60.0),
-        ("park-unmapped", 60.0)}
+        ("park-waiting", 60.0)}
 
 
 def test_with_a_key_it_also_reads_stripe_back(engine: Engine, db_url: str) -> None:
     settings = make_settings(db_url, events_poll_seconds=15.0, meters_refresh_seconds=120.0)
     names = {s.service.name: s.every_seconds for s in services_for(engine, settings)}
     assert names == {"rescue": 7.5, "fold": 60.0, "prune": 3600.0, "usage-reports": 60.0,
-                     "park-unmapped": 60.0, "meters": 120.0, "stripe-events": 15.0,
+                     "park-waiting": 60.0, "meters": 120.0, "stripe-events": 15.0,
                      "reconcile": 300.0}
 
 

@@ -19,6 +19,7 @@ from sqlalchemy import update as sa_update
 
 from ..models import clean, fit, fits, limit_of
 from .sql import STRIPE_METERS, insert_for
+from .waiting import undefer_sendable
 
 log = logging.getLogger(__name__)
 M = STRIPE_METERS.c
@@ -94,7 +95,8 @@ def store_meters(engine: Engine, meters: Iterable[MeterInfo], *, now: datetime
     written as listed; a known event name no longer listed becomes ``missing``. When Stripe
     lists two meters for one event name, an active one wins. A meter that cannot be stored
     as listed (:func:`refusal`) is left out, logged and named in the result; the others are
-    stored all the same."""
+    stored all the same. Events put off for a meter the listing shows active are due again
+    in the same transaction."""
     out = StoredMeters()
     by_name: dict[str, MeterInfo] = {}
     for m in meters:
@@ -117,6 +119,8 @@ def store_meters(engine: Engine, meters: Iterable[MeterInfo], *, now: datetime
         gone = STRIPE_METERS.c.event_name.not_in(list(by_name)) if by_name else true()
         conn.execute(sa_update(STRIPE_METERS).where(gone, STRIPE_METERS.c.status != MISSING)
                      .values(status=MISSING, updated_at=now))
+        # Events put off for a meter this listing shows active are due again at once.
+        undefer_sendable(conn, now=now, listed=True)
     out.active = sum(1 for m in by_name.values() if m.active)
     return out
 

@@ -36,7 +36,7 @@ from .states import (
     requeue_identifier,
     requeue_permitted,
 )
-from .waiting import undefer_mapped
+from .waiting import undefer_sendable
 
 RESOLVE_REASONS = {
     "billed_manually": "Billed manually",
@@ -104,7 +104,7 @@ def _save_tenant(engine: Engine, tenant_id: str, *, stripe_customer_id: str | No
                          .values(**values))
         if stripe_customer_id is not None:
             # Its events put off while it had no customer are due now.
-            undefer_mapped(conn, now=now)
+            undefer_sendable(conn, now=now)
         if actor is not None:
             write_audit(conn, actor=actor, action="tenant_map", now=now,
                         note=f"{tenant_id} -> {stripe_customer_id}"

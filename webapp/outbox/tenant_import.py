@@ -30,7 +30,7 @@ from ..audit import write_audit
 from ..models import fit, fits, limit_of
 from .operations import OperationError
 from .sql import TENANTS, text_in
-from .waiting import undefer_mapped
+from .waiting import undefer_sendable
 
 COLUMNS = ("tenant_id", "stripe_customer_id", "name")
 #: Stripe's customer ids: ``cus_`` and letters and digits.
@@ -218,7 +218,7 @@ def apply_mappings(engine: Engine, rows: list[Mapping], out: ImportPlan, *, now:
                 return out
             write_plan(conn, out, now=now)
             # The newly mapped tenants' events put off while they had no customer: due now.
-            undefer_mapped(conn, now=now)
+            undefer_sendable(conn, now=now)
             write_audit(conn, actor=actor, action=action, now=now,
                         note=f"{note}: {out.summary()}")
     except IntegrityError:

@@ -10,6 +10,7 @@ from sqlalchemy import Engine, select
 
 from ..db import reading
 from ..outbox.sql import ATTEMPTS, AUDIT, AUDIT_EVENTS, TENANTS, T, row_dict
+from ..outbox.waiting import waits_for
 from .stripe_side import samples_for_event
 
 
@@ -21,6 +22,9 @@ class EventDetail:
     tenant: dict[str, Any] | None
     #: Stripe's error samples that named this event (its rejections, past and present).
     samples: list[dict[str, Any]]
+    #: What a pending event waits for before it can be sent: "customer", "meter" or None
+    #: (:func:`webapp.outbox.waiting.waits_for`).
+    waits: str | None = None
 
 
 def event_detail(engine: Engine, event_id: int) -> EventDetail | None:
@@ -38,5 +42,7 @@ def event_detail(engine: Engine, event_id: int) -> EventDetail | None:
             .where(AUDIT_EVENTS.c.event_id == event_id).order_by(AUDIT.c.id.desc()))]
         tenant = conn.execute(select(TENANTS).where(TENANTS.c.tenant_id == row.tenant_id)).first()
         samples = samples_for_event(conn, event_id)
-    return EventDetail(row_dict(row), attempts, audit, row_dict(tenant) if tenant else None,
-                       samples)
+        event = row_dict(row)
+        waits = waits_for(conn, event)
+    return EventDetail(event, attempts, audit, row_dict(tenant) if tenant else None,
+                       samples, waits)

@@ -53,7 +53,7 @@ def services_for(engine: Engine, settings: Settings, *,
            Scheduled(pruner.Pruner(engine, settings, clock=clock),
                      settings.prune_interval_seconds),
            Scheduled(reporter.UsageReporter(engine, clock=clock), reporter.INTERVAL_SECONDS),
-           Scheduled(parker.UnmappedParker(engine, clock=clock), parker.INTERVAL_SECONDS)]
+           Scheduled(parker.Parker(engine, clock=clock), parker.INTERVAL_SECONDS)]
     gateway = gateway_from(settings)
     if gateway is None:
         return out

@@ -1,8 +1,8 @@
-"""The parker: keeps the events of tenants without a Stripe customer out of the claim's way
-(see :mod:`webapp.outbox.waiting`). A maintenance service: ``run_once()`` first makes due
-again the put-off events whose tenant has been mapped meanwhile (a mapping does that itself;
-this catches one made by hand in the database), then puts off the unmapped ones due for a
-while."""
+"""The parker: keeps the events that cannot be sent yet (a tenant without a Stripe customer,
+a meter Stripe does not have) out of the claim's way (see :mod:`webapp.outbox.waiting`). A
+maintenance service: ``run_once()`` first makes due again the put-off events that can be sent
+by now (a mapping and a listing of Stripe's meters do that themselves; this catches a tenant
+mapped by hand in the database), then puts off those that have been due for a while."""
 
 from __future__ import annotations
 
@@ -13,18 +13,18 @@ from datetime import datetime
 from sqlalchemy import Engine
 
 from ..models import utcnow
-from ..outbox.waiting import defer_unmapped, undefer_mapped
+from ..outbox.waiting import defer_unsendable, undefer_sendable
 
 log = logging.getLogger(__name__)
 
-#: How often a scheduler calls :meth:`UnmappedParker.run_once`.
+#: How often a scheduler calls :meth:`Parker.run_once`.
 INTERVAL_SECONDS = 60.0
 
 
-class UnmappedParker:
-    """Puts off unmapped tenants' events; makes mapped tenants' events due again."""
+class Parker:
+    """Puts off events that cannot be sent; makes them due again once they can be."""
 
-    name = "park-unmapped"
+    name = "park-waiting"
 
     def __init__(self, engine: Engine, *, clock: Callable[[], datetime] = utcnow) -> None:
         self.engine = engine
@@ -34,12 +34,12 @@ class UnmappedParker:
         """Make due / put off; how many events were put off."""
         now = self.clock()
         with self.engine.begin() as conn:
-            woken = undefer_mapped(conn, now=now)
-        parked = defer_unmapped(self.engine, now=now)
+            woken = undefer_sendable(conn, now=now)
+        parked = defer_unsendable(self.engine, now=now)
         if woken or parked:
-            log.info("events of tenants without a customer: %s put off, %s due again "
-                     "(mapped)", parked, woken)
+            log.info("events waiting for a customer or a meter: %s put off, %s due again",
+                     parked, woken)
         return parked
 
 
-__all__ = ["INTERVAL_SECONDS", "UnmappedParker"]
+__all__ = ["INTERVAL_SECONDS", "Parker"]
