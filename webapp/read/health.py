@@ -151,7 +151,11 @@ def health(conn: Connection, *, now: datetime, api_key_here: bool) -> Health:
         minutes = int((now - (last_sent or due.oldest_sendable)).total_seconds() // 60)
         why = ("no drainer is running" if not beats
                else "the running drainers are not sending them")
-        return state("stalled", f"{waiting} due and nothing sent for {minutes} min: {why}."
+        # Beside a missing meter, the count is of the events that could go out (all of
+        # them "Events" when the sample held only waiting ones: how many is not known).
+        due_here = waiting if not missing else ("Events" if due.more
+                                                 else _count(due.sendable, False))
+        return state("stalled", f"{due_here} due and nothing sent for {minutes} min: {why}."
                      + (f" Also, {missing[0].lower()}{missing[1:]}" if missing else ""),
                      since=last_sent, meter=meter)
     if missing:
