@@ -121,6 +121,11 @@ def test_events_of_a_missing_meter_are_put_off_until_a_listing_shows_it(
     assert defer_unsendable(engine, now=now) == 1
     at = due_at(engine, [missing, sendable])
     assert at[missing] == now + DEFER_FOR and at[sendable] == long_ago
+    # No longer due, it still waits for the meter, and the status line still says so.
+    with reading(engine) as conn:
+        line = health(conn, now=now, api_key_here=True)
+    assert (line.state, line.meter) == ("stalled", "storage_gb"), line  # the other one waits
+    assert "Also, 1 event waits for the meter “storage_gb”" in line.detail
     # The parker's waking pass leaves it put off: its tenant is mapped, its meter still missing.
     later = now + timedelta(minutes=1)
     assert Parker(engine, clock=lambda: later).run_once() == 0

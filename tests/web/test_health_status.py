@@ -141,6 +141,18 @@ def test_events_of_a_meter_stripe_lacks_are_meter_missing(engine: Engine, seed: 
     assert "1 other meter" in h.detail
 
 
+def test_events_put_off_for_a_missing_meter_still_show_it(engine: Engine, seed: Any) -> None:
+    """The parker takes them out of the due events; the line still names their meter."""
+    seed.tenant("acme", "cus_acme")
+    now = utcnow()
+    meters_read(engine, active=["api_requests"], inactive=["storage_gb"])
+    seed.events(2, meter="storage_gb", next_attempt_at=now + timedelta(minutes=9),
+                now=now - timedelta(minutes=20))
+    h = read(engine, now=now)
+    assert (h.state, h.meter, h.due) == ("meter_missing", "storage_gb", 0), h
+    assert h.detail.startswith("2 events wait for the meter “storage_gb”")
+
+
 def test_a_stall_wins_over_a_missing_meter_and_names_it(engine: Engine, seed: Any) -> None:
     """A missing meter is a warning; events that could go out and do not are critical: the
     line says Stalled, and the meter too."""

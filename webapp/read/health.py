@@ -31,8 +31,9 @@ from sqlalchemy import Connection, exists, false, func, or_, select
 from ..outbox import sync
 from ..outbox.control import pause_state
 from ..outbox.meters import active_meters
-from ..outbox.sql import CLAIMABLE_SQL, TENANTS, T, as_utc, status_is
+from ..outbox.sql import CLAIMABLE_SQL, TENANTS, T, as_utc, sql_str, status_is
 from ..outbox.sql import HEARTBEATS as H
+from ..outbox.waiting import DEFER_FOR
 
 #: Nothing sent for this long while events are due: stalled.
 STALLED_AFTER = timedelta(minutes=5)
@@ -93,6 +94,15 @@ class _Due:
     oldest_sendable: datetime | None
     held_by_meter: dict[str, int]
     more: bool
+    #: Not due: put off by the parker for a meter Stripe does not have (at most ``SAMPLE``).
+    put_off_by_meter: dict[str, int]
+
+    def waiting_for_meters(self) -> tuple[dict[str, int], bool]:
+        """Events waiting for a meter, by meter, and whether there may be more: the due
+        ones, or else the put-off ones."""
+        if self.held_by_meter:
+            return self.held_by_meter, self.more
+        return self.put_off_by_meter, sum(self.put_off_by_meter.values()) >= SAMPLE
 
 
 def health(conn: Connection, *, now: datetime, api_key_here: bool) -> Health:
@@ -138,10 +148,12 @@ def health(conn: Connection, *, now: datetime, api_key_here: bool) -> Health:
         return state("holding", f"Stripe's meters cannot be read ({why}); sending waits "
                      f"until they can. {waiting} due.", since=listing.ran_at)
     missing, meter = "", None
-    if due.held_by_meter:
-        meter, n = max(due.held_by_meter.items(), key=lambda kv: kv[1])
-        others = len(due.held_by_meter) - 1
-        missing = (f"{_count(n, due.more)} wait for the meter “{meter}”, which Stripe does "
+    by_meter, more = due.waiting_for_meters()
+    if by_meter:
+        meter, n = max(by_meter.items(), key=lambda kv: kv[1])
+        others = len(by_meter) - 1
+        verb = "waits" if n == 1 and not more else "wait"
+        missing = (f"{_count(n, more)} {verb} for the meter “{meter}”, which Stripe does "
                    "not have (active)" + (f", and {others} other meter(s)" if others else "")
                    + ".")
     quiet = last_sent is None or now - last_sent >= STALLED_AFTER
@@ -153,8 +165,8 @@ def health(conn: Connection, *, now: datetime, api_key_here: bool) -> Health:
                else "the running drainers are not sending them")
         # Beside a missing meter, the count is of the events that could go out (all of
         # them "Events" when the sample held only waiting ones: how many is not known).
-        due_here = waiting if not missing else ("Events" if due.more
-                                                 else _count(due.sendable, False))
+        due_here = waiting if not due.held_by_meter else (
+            "Events" if due.more else _count(due.sendable, False))
         return state("stalled", f"{due_here} due and nothing sent for {minutes} min: {why}."
                      + (f" Also, {missing[0].lower()}{missing[1:]}" if missing else ""),
                      since=last_sent, meter=meter)
@@ -194,13 +206,29 @@ def _due(conn: Connection, now: datetime, active: set[str] | None) -> _Due:
         if when is not None and (oldest is None or when < oldest):
             oldest = when
     more = len(rows) >= SAMPLE
+    put_off = _put_off_for_meters(conn, now, active) if active is not None and not held else {}
     if more and not sendable:
         # The whole sample waits (for a meter or a customer): a sendable event may be due
         # behind it, and nobody sending it would be a stall no one sees. Look past them for
         # the oldest one, as a claim does.
         oldest = _oldest_sendable(conn, now, active)
         sendable = int(oldest is not None)
-    return _Due(sendable, oldest, held, more)
+    return _Due(sendable, oldest, held, more, put_off)
+
+
+def _put_off_for_meters(conn: Connection, now: datetime, active: set[str]) -> dict[str, int]:
+    """Events the parker put off for a meter Stripe does not have (active), by meter (at most
+    ``SAMPLE`` looked at): no longer due, they still wait for it, and the line says so. They
+    sit in the claim's index within ``DEFER_FOR`` of now."""
+    where: list[Any] = [CLAIMABLE_SQL, T.c.status == sql_str("pending"),
+                        T.c.stripe_customer_id.is_(None), T.c.next_attempt_at > now,
+                        T.c.next_attempt_at <= now + DEFER_FOR]
+    if active:
+        where.append(T.c.meter.not_in(sorted(active)))
+    picked = (select(T.c.meter).where(*where).order_by(T.c.next_attempt_at, T.c.id)
+              .limit(SAMPLE).subquery())
+    return {str(m): int(n) for m, n in conn.execute(
+        select(picked.c.meter, func.count()).group_by(picked.c.meter))}
 
 
 def _oldest_sendable(conn: Connection, now: datetime,
