@@ -57,7 +57,7 @@ from .common import ADMIN_URL, ROOT, BenchDatabase, Figure, Row, verdict
 SECTION = "Scale: 10 million rows"
 SHAPE = dashboard.Shape(days=400, tenants=100_000, mapped=99_950, named_unmapped=25,
                         unmapped_share=0.0005, skew=3.0, digits=6)
-DRAIN_EVENTS = 20_000
+DRAIN_EVENTS = 60_000
 DRAIN_RUNS = 3
 IMPORT_LINES = 100_000
 RETENTION_DAYS = 40
