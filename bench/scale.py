@@ -23,7 +23,7 @@ of the rollups (``rollups.fold``, timed) and ``VACUUM (ANALYZE)`` of every table
    tenant for the last 365 (median of 3 each), and the ``billing-outbox usage --from --to
    --json`` command once for the year, for every tenant and with ``--tenant``, start-up
    included; floor: every tenant's year < 1 s;
-4. drain core throughput (``bench/scale_drain.py``): 20,000 events drained with the table at
+4. drain core throughput (``bench/scale_drain.py``): 60,000 events drained with the table at
    10 million rows against the same in an empty schema; floor ≥ 0.8×;
 5. ``billing-outbox tenants import`` of a 100,000-line CSV into an empty schema (all added)
    and again (all unchanged); floor < 60 s;

@@ -38,12 +38,13 @@ DEFER_FOR = timedelta(minutes=10)
 #: At most this many events are put off by one statement.
 BATCH = 10_000
 
-_MAPPED = exists().where(TENANTS.c.tenant_id == T.c.tenant_id,
-                         TENANTS.c.stripe_customer_id.is_not(None))
+#: The event's tenant has a Stripe customer.
+MAPPED = exists().where(TENANTS.c.tenant_id == T.c.tenant_id,
+                        TENANTS.c.stripe_customer_id.is_not(None))
 _ACTIVE_METER = T.c.meter.in_(select(STRIPE_METERS.c.event_name)
                               .where(STRIPE_METERS.c.status == sql_str("active")))
 #: Never claimed (a claim fixes the customer on the row), still pending.
-_UNCLAIMED = (CLAIMABLE_SQL, T.c.status == sql_str("pending"), T.c.stripe_customer_id.is_(None))
+UNCLAIMED = (CLAIMABLE_SQL, T.c.status == sql_str("pending"), T.c.stripe_customer_id.is_(None))
 
 
 def meters_listed(conn: Connection) -> bool:
@@ -56,7 +57,7 @@ def meters_listed(conn: Connection) -> bool:
 def _sendable(listed: bool) -> Any:
     """An unclaimed event's tenant has a customer and, when Stripe's meters are listed, its
     meter is active."""
-    return and_(_MAPPED, _ACTIVE_METER) if listed else _MAPPED
+    return and_(MAPPED, _ACTIVE_METER) if listed else MAPPED
 
 
 def defer_unsendable(engine: Engine, *, now: datetime, limit: int = BATCH) -> int:
@@ -67,13 +68,13 @@ def defer_unsendable(engine: Engine, *, now: datetime, limit: int = BATCH) -> in
     cannot be sent."""
     with engine.begin() as conn:
         cannot = ~_sendable(meters_listed(conn))
-        picked = (select(T.c.id).where(*_UNCLAIMED, T.c.next_attempt_at <= now,
+        picked = (select(T.c.id).where(*UNCLAIMED, T.c.next_attempt_at <= now,
                                        T.c.created_at <= now - DEFER_AFTER, cannot)
                   .order_by(T.c.next_attempt_at, T.c.id).limit(limit))
         if conn.dialect.name == "postgresql":
             picked = picked.with_for_update(skip_locked=True, of=T)
         done = conn.execute(update(T).where(
-            T.c.id.in_(picked.scalar_subquery()), *_UNCLAIMED, cannot)
+            T.c.id.in_(picked.scalar_subquery()), *UNCLAIMED, cannot)
             .values(next_attempt_at=now + DEFER_FOR))
     return int(done.rowcount or 0)
 
@@ -82,7 +83,7 @@ def undefer_sendable(conn: Connection, *, now: datetime, listed: bool | None = N
     """Make due now the put-off events that can be sent by now (in ``conn``'s transaction: a
     mapping's own, or a listing's of Stripe's meters, which passes ``listed``); how many."""
     can = _sendable(meters_listed(conn) if listed is None else listed)
-    done = conn.execute(update(T).where(*_UNCLAIMED, T.c.next_attempt_at > now, can)
+    done = conn.execute(update(T).where(*UNCLAIMED, T.c.next_attempt_at > now, can)
                         .values(next_attempt_at=now))
     return int(done.rowcount or 0)
 
@@ -92,7 +93,7 @@ def waits_for(conn: Connection, event: dict[str, Any]) -> str | None:
     (its tenant has none), ``"meter"`` (Stripe does not have its meter, active), or None."""
     if event["status"] != "pending" or event.get("stripe_customer_id"):
         return None
-    row = conn.execute(select(_MAPPED.label("mapped"), _ACTIVE_METER.label("active"))
+    row = conn.execute(select(MAPPED.label("mapped"), _ACTIVE_METER.label("active"))
                        .select_from(T).where(T.c.id == event["id"])).first()
     if row is None:
         return None
@@ -103,5 +104,5 @@ def waits_for(conn: Connection, event: dict[str, Any]) -> str | None:
     return None
 
 
-__all__ = ["BATCH", "DEFER_AFTER", "DEFER_FOR", "defer_unsendable", "meters_listed",
-           "undefer_sendable", "waits_for"]
+__all__ = ["BATCH", "DEFER_AFTER", "DEFER_FOR", "MAPPED", "UNCLAIMED", "defer_unsendable",
+           "meters_listed", "undefer_sendable", "waits_for"]

@@ -26,14 +26,14 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, exists, false, func, or_, select
+from sqlalchemy import Connection, false, func, or_, select
 
 from ..outbox import sync
 from ..outbox.control import pause_state
 from ..outbox.meters import active_meters
-from ..outbox.sql import CLAIMABLE_SQL, TENANTS, T, as_utc, sql_str, status_is
+from ..outbox.sql import CLAIMABLE_SQL, TENANTS, T, as_utc, status_is
 from ..outbox.sql import HEARTBEATS as H
-from ..outbox.waiting import DEFER_FOR
+from ..outbox.waiting import DEFER_FOR, MAPPED
 
 #: Nothing sent for this long while events are due: stalled.
 STALLED_AFTER = timedelta(minutes=5)
@@ -94,15 +94,17 @@ class _Due:
     oldest_sendable: datetime | None
     held_by_meter: dict[str, int]
     more: bool
-    #: Not due: put off by the parker for a meter Stripe does not have (at most ``SAMPLE``).
+    #: Not due: put off by the parker for a meter Stripe does not have (in a sample of
+    #: ``SAMPLE``), and whether that sample was full.
     put_off_by_meter: dict[str, int]
+    put_off_more: bool
 
     def waiting_for_meters(self) -> tuple[dict[str, int], bool]:
         """Events waiting for a meter, by meter, and whether there may be more: the due
         ones, or else the put-off ones."""
         if self.held_by_meter:
             return self.held_by_meter, self.more
-        return self.put_off_by_meter, sum(self.put_off_by_meter.values()) >= SAMPLE
+        return self.put_off_by_meter, self.put_off_more
 
 
 def health(conn: Connection, *, now: datetime, api_key_here: bool) -> Health:
@@ -206,39 +208,40 @@ def _due(conn: Connection, now: datetime, active: set[str] | None) -> _Due:
         if when is not None and (oldest is None or when < oldest):
             oldest = when
     more = len(rows) >= SAMPLE
-    put_off = _put_off_for_meters(conn, now, active) if active is not None and not held else {}
+    put_off, put_off_more = (_put_off_for_meters(conn, now, active)
+                             if active is not None and not held else ({}, False))
     if more and not sendable:
         # The whole sample waits (for a meter or a customer): a sendable event may be due
         # behind it, and nobody sending it would be a stall no one sees. Look past them for
         # the oldest one, as a claim does.
         oldest = _oldest_sendable(conn, now, active)
         sendable = int(oldest is not None)
-    return _Due(sendable, oldest, held, more, put_off)
+    return _Due(sendable, oldest, held, more, put_off, put_off_more)
 
 
-def _put_off_for_meters(conn: Connection, now: datetime, active: set[str]) -> dict[str, int]:
-    """Events the parker put off for a meter Stripe does not have (active), by meter (at most
-    ``SAMPLE`` looked at): no longer due, they still wait for it, and the line says so. They
-    sit in the claim's index within ``DEFER_FOR`` of now."""
-    where: list[Any] = [CLAIMABLE_SQL, T.c.status == sql_str("pending"),
-                        T.c.stripe_customer_id.is_(None), T.c.next_attempt_at > now,
-                        T.c.next_attempt_at <= now + DEFER_FOR]
-    if active:
-        where.append(T.c.meter.not_in(sorted(active)))
-    picked = (select(T.c.meter).where(*where).order_by(T.c.next_attempt_at, T.c.id)
-              .limit(SAMPLE).subquery())
-    return {str(m): int(n) for m, n in conn.execute(
-        select(picked.c.meter, func.count()).group_by(picked.c.meter))}
+def _put_off_for_meters(conn: Connection, now: datetime,
+                        active: set[str]) -> tuple[dict[str, int], bool]:
+    """Events the parker put off for a meter Stripe does not have (active), by meter: no
+    longer due, they still wait for it, and the line says so. They sit in the claim's index
+    within ``DEFER_FOR`` of now; its first ``SAMPLE`` entries there are looked at (a bounded
+    read, however many retries are due in that time), and whether there were that many."""
+    rows = conn.execute(select(T.c.meter, T.c.status, T.c.stripe_customer_id)
+                        .where(CLAIMABLE_SQL, T.c.next_attempt_at > now,
+                               T.c.next_attempt_at <= now + DEFER_FOR)
+                        .order_by(T.c.next_attempt_at, T.c.id).limit(SAMPLE)).all()
+    by: dict[str, int] = {}
+    for meter, status, customer in rows:
+        if status == "pending" and customer is None and meter not in active:
+            by[meter] = by.get(meter, 0) + 1
+    return by, len(rows) >= SAMPLE
 
 
 def _oldest_sendable(conn: Connection, now: datetime,
                      active: set[str] | None) -> datetime | None:
     """When the oldest due event a drainer can send came due (the claim's index, past the
     events that wait for a meter or a customer); None if there is none."""
-    mapped = exists().where(TENANTS.c.tenant_id == T.c.tenant_id,
-                            TENANTS.c.stripe_customer_id.is_not(None))
     where: list[Any] = [CLAIMABLE_SQL, T.c.next_attempt_at <= now,
-                        or_(T.c.stripe_customer_id.is_not(None), mapped)]
+                        or_(T.c.stripe_customer_id.is_not(None), MAPPED)]
     if active is not None:
         where.append(T.c.meter.in_(sorted(active)) if active else false())
     return as_utc(conn.execute(select(T.c.next_attempt_at).where(*where)
