@@ -33,7 +33,7 @@ from ..outbox.control import pause_state
 from ..outbox.meters import active_meters
 from ..outbox.sql import CLAIMABLE_SQL, TENANTS, T, as_utc, status_is
 from ..outbox.sql import HEARTBEATS as H
-from ..outbox.waiting import DEFER_FOR, MAPPED
+from ..outbox.waiting import DEFER_FOR, MAPPED, UNCLAIMED
 
 #: Nothing sent for this long while events are due: stalled.
 STALLED_AFTER = timedelta(minutes=5)
@@ -221,19 +221,21 @@ def _due(conn: Connection, now: datetime, active: set[str] | None) -> _Due:
 
 def _put_off_for_meters(conn: Connection, now: datetime,
                         active: set[str]) -> tuple[dict[str, int], bool]:
-    """Events the parker put off for a meter Stripe does not have (active), by meter: no
-    longer due, they still wait for it, and the line says so. They sit in the claim's index
-    within ``DEFER_FOR`` of now; its first ``SAMPLE`` entries there are looked at (a bounded
-    read, however many retries are due in that time), and whether there were that many."""
-    rows = conn.execute(select(T.c.meter, T.c.status, T.c.stripe_customer_id)
-                        .where(CLAIMABLE_SQL, T.c.next_attempt_at > now,
-                               T.c.next_attempt_at <= now + DEFER_FOR)
-                        .order_by(T.c.next_attempt_at, T.c.id).limit(SAMPLE)).all()
-    by: dict[str, int] = {}
-    for meter, status, customer in rows:
-        if status == "pending" and customer is None and meter not in active:
-            by[meter] = by.get(meter, 0) + 1
-    return by, len(rows) >= SAMPLE
+    """Events the parker put off for a meter Stripe does not have (active), by meter (at most
+    ``SAMPLE`` of them), and whether there were that many: no longer due, they still wait for
+    it, and the line says so. They are never-claimed pending events due within ``DEFER_FOR``
+    of now; the conditions come before the limit, so retries due in that time cannot hide
+    them (PostgreSQL reads them through ``ix_outbox_unsent``'s pending entries or the claim's
+    index, whichever holds fewer)."""
+    where: list[Any] = [*UNCLAIMED, T.c.next_attempt_at > now,
+                        T.c.next_attempt_at <= now + DEFER_FOR]
+    if active:
+        where.append(T.c.meter.not_in(sorted(active)))
+    picked = (select(T.c.meter).where(*where).order_by(T.c.next_attempt_at, T.c.id)
+              .limit(SAMPLE).subquery())
+    by = {str(m): int(n) for m, n in conn.execute(
+        select(picked.c.meter, func.count()).group_by(picked.c.meter))}
+    return by, sum(by.values()) >= SAMPLE
 
 
 def _oldest_sendable(conn: Connection, now: datetime,
