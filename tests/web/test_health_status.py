@@ -153,6 +153,26 @@ def test_events_put_off_for_a_missing_meter_still_show_it(engine: Engine, seed: 
     assert h.detail.startswith("2 events wait for the meter “storage_gb”")
 
 
+def test_events_put_off_for_a_meter_show_behind_many_retries(engine: Engine,
+                                                             seed: Any) -> None:
+    """More retries due in the next minutes than the line samples (an outage's backlog),
+    ahead of the events put off for a missing meter: the line still names the meter."""
+    seed.tenant("acme", "cus_acme")
+    now = utcnow()
+    meters_read(engine, active=["api_requests"], inactive=["storage_gb"])
+    with engine.begin() as conn:
+        conn.execute(insert(OutboxEvent.__table__), [dict(
+            tenant_id="acme", meter="api_requests", quantity=1, idempotency_key=f"retry-{i}",
+            occurred_at=now, status="retrying", attempt_count=1, call_count=1,
+            stripe_customer_id="cus_acme", next_attempt_at=now + timedelta(seconds=1 + i / 10),
+            key_generation=0, created_at=now, updated_at=now) for i in range(SAMPLE + 1)])
+    seed.events(2, meter="storage_gb", next_attempt_at=now + timedelta(minutes=9),
+                now=now - timedelta(minutes=20))
+    h = read(engine, now=now)
+    assert (h.state, h.meter) == ("meter_missing", "storage_gb"), h
+    assert h.detail.startswith("2 events wait for the meter “storage_gb”")
+
+
 def test_a_stall_wins_over_a_missing_meter_and_names_it(engine: Engine, seed: Any) -> None:
     """A missing meter is a warning; events that could go out and do not are critical: the
     line says Stalled, and the meter too."""
