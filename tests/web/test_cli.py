@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from conftest import PG_URL, ROOT, cli, pg_schema_url, require_postgres, worker_env
-from sqlalchemy import Engine, create_engine, func, select, text, update
+from sqlalchemy import Engine, create_engine, func, insert, select, text, update
 from sqlalchemy.orm import Session
 
 from webapp.db import make_engine
@@ -434,6 +434,30 @@ def test_usage_equals_counting_rows_with_a_pair_for_every_status(
     for bad in (["--from", "2026-13-01"], ["--from", "2026-12-02", "--to", "2026-12-01"]):
         refused = cli("usage", *bad, env=env)
         assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+
+
+def test_usage_json_of_more_rows_than_one_write_is_one_document(
+        env: dict[str, str], engine: Engine) -> None:
+    """``usage --json`` writes its rows a thousand at a time: across the writes the document
+    is still byte for byte ``json.dumps`` of the whole one, every row once, in order."""
+    from webapp.web.cli_tenants import ROWS_PER_WRITE
+
+    when = utcnow() - timedelta(days=2)
+    n = ROWS_PER_WRITE * 2 + 1
+    rows = [dict(tenant_id=f"t{i:05d}", meter="api_requests", quantity=i + 1,
+                 idempotency_key=f"batch-{i}", occurred_at=when, status="sent", attempt_count=1,
+                 call_count=1, next_attempt_at=when, key_generation=0, sent_at=when,
+                 created_at=when, updated_at=when) for i in range(n)]
+    with engine.begin() as conn:
+        conn.execute(insert(OutboxEvent.__table__), rows)
+    day = when.date().isoformat()
+    out = cli("usage", "--json", "--from", day, "--to", day, env=env)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert [(r["tenant_id"], r["sent_units"]) for r in data["rows"]] == [
+        (f"t{i:05d}", i + 1) for i in range(n)]
+    assert out.stdout == json.dumps(data) + "\n"
+
 
 
 def test_usage_on_a_database_that_fails_the_query_writes_no_half_document(

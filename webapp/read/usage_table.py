@@ -38,7 +38,7 @@ from ..outbox.sql import (
 from .counts import Freshness, UnmappedTenant, rollup_freshness
 from .mappings import waiting_for_customer
 from .search import prefix_range
-from .tenants import UsageRow
+from .tenants import UsageRow, usage_columns, usage_rows
 from .usage_reports import REPORT_ROWS, Report, rows_of, shown_report
 from .usage_sources import (
     USAGE_STATUSES,
@@ -253,10 +253,7 @@ def usage_rows_streamed(engine: Engine, *, start: date, end: date,
         if tenant_id is None:
             many_rows(conn)
         per = per_row(conn, start, end, tenant_id, in_flight_apart=in_flight_apart).subquery()
-        result = conn.execution_options(stream_results=True, yield_per=1000).execute(
-            select(per).order_by(bytewise(conn, per.c.tenant_id), bytewise(conn, per.c.meter)))
-        for m in result.mappings():
-            yield _row(m, statuses)
+        yield from _streamed(conn, per, statuses)
 
 
 def report_rows_streamed(engine: Engine, report_id: int) -> Iterator[UsageRow]:
@@ -264,11 +261,16 @@ def report_rows_streamed(engine: Engine, report_id: int) -> Iterator[UsageRow]:
     period's (by tenant then meter, a thousand at a time), with each tenant's name and
     customer as they were when it was prepared."""
     with reading(engine) as conn:
-        per = rows_of(report_id).subquery()
-        result = conn.execution_options(stream_results=True, yield_per=1000).execute(
-            select(per).order_by(bytewise(conn, per.c.tenant_id), bytewise(conn, per.c.meter)))
-        for m in result.mappings():
-            yield _row(m)
+        yield from _streamed(conn, rows_of(report_id).subquery(), USAGE_STATUSES)
+
+
+def _streamed(conn: Connection, per: Any, statuses: tuple[str, ...]) -> Iterator[UsageRow]:
+    """Rows ``per`` by tenant then meter, read and built a thousand at a time."""
+    result = conn.execution_options(stream_results=True, yield_per=1000).execute(
+        usage_columns(per, statuses)
+        .order_by(bytewise(conn, per.c.tenant_id), bytewise(conn, per.c.meter)))
+    for part in result.partitions():
+        yield from usage_rows(part, statuses)
 
 
 __all__ = ["ONLY", "PER_PAGE", "SORTS", "TenantsPage", "UsageQuery", "UsageTable",
