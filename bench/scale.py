@@ -319,6 +319,21 @@ def usage(res: ScaleResults, engine: Any, url: str, runs: int, log: Any) -> None
                          f"{f.median * 1000:,.0f} ms ({f.lo * 1000:,.0f}–{f.hi * 1000:,.0f})",
                          f"< {FLOOR_YEAR_S:.0f} s", verdict(f.median < FLOOR_YEAR_S),
                          f"median of {len(f.values)}"))
+    server, least, n = year_parts(engine, start, today, runs)
+    log(f"scale: every tenant's year in PostgreSQL alone: {server.values} s; the same {n:,} "
+        f"rows already summed, read and built: {least.values} s")
+    res.figures["usage a year, in PostgreSQL"] = server
+    res.figures["usage a year, rows already summed"] = least
+    res.table.append(Row(SECTION, "… every tenant's year: the statement in PostgreSQL alone "
+                                  "(EXPLAIN ANALYZE: run whole, no row sent)",
+                         f"{server.median * 1000:,.0f} ms ({server.lo * 1000:,.0f}–"
+                         f"{server.hi * 1000:,.0f})", "", "", f"median of {len(server.values)}"))
+    res.table.append(Row(SECTION, f"… every tenant's year: the least any statement can take, "
+                                  f"the same {n:,} rows already summed (a temporary table), "
+                                  "read and built as `tenant_usage` builds them",
+                         f"{least.median * 1000:,.0f} ms ({least.lo * 1000:,.0f}–"
+                         f"{least.hi * 1000:,.0f})", "", "",
+                         f"median of {len(least.values)}; nothing summed"))
     env = cli_env(url)
     for who, extra in (("every tenant", []), (f"{LARGEST}", ["--tenant", LARGEST])):
         t0 = time.perf_counter()
@@ -334,6 +349,37 @@ def usage(res: ScaleResults, engine: Any, url: str, runs: int, log: Any) -> None
                                       f"{who}; the whole command: start-up, query, JSON)",
                              f"{wall:.2f} s", "", "" if out.returncode == 0 else "FAILED",
                              f"{len(out.stdout) / 2**20:.2f} MB of JSON; run once"))
+
+
+def year_parts(engine: Any, start: Any, end: Any, runs: int) -> tuple[Figure, Figure, int]:
+    """Where every tenant's ``tenant_usage`` over ``start``…``end`` goes: the statement in
+    PostgreSQL alone (``EXPLAIN ANALYZE`` without per-node timing runs it whole and sends no
+    row), and the least any statement giving the same rows can cost: the rows already summed
+    (a temporary table made from the statement), read and built into ``UsageRow``s the way
+    ``tenant_usage`` builds them. Returns both and the number of rows."""
+    from webapp.read.tenants import usage_columns, usage_rows
+    from webapp.read.usage_sources import bytewise, many_rows, per_row
+
+    server, least = Figure(), Figure()
+    with engine.connect() as conn, conn.begin():
+        many_rows(conn)
+        per = per_row(conn, start, end).subquery()
+        stmt = usage_columns(per).order_by(bytewise(conn, per.c.tenant_id),
+                                           bytewise(conn, per.c.meter))
+        sql = str(stmt.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True}))
+        for _ in range(max(3, runs)):
+            plan = conn.exec_driver_sql("EXPLAIN (ANALYZE, TIMING OFF, FORMAT JSON) " + sql)
+            server.add(plan.scalar_one()[0]["Execution Time"] / 1000)
+        conn.exec_driver_sql("CREATE TEMPORARY TABLE year_answer ON COMMIT DROP AS " + sql)
+        conn.exec_driver_sql("ANALYZE year_answer")
+        n = 0
+        for _ in range(max(3, runs)):
+            t0 = time.perf_counter()
+            n = len(usage_rows(conn.exec_driver_sql(
+                'SELECT * FROM year_answer ORDER BY tenant_id COLLATE "C", meter COLLATE "C"')
+                .all()))
+            least.add(time.perf_counter() - t0)
+    return server, least, n
 
 
 def cli_env(url: str) -> dict[str, str]:
