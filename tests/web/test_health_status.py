@@ -129,6 +129,36 @@ def test_unmapped_tenants_events_do_not_stall_sending(engine: Engine, seed: Any)
     assert read(engine, now=now).state == "idle"
 
 
+def test_idle_says_how_many_events_wait_for_a_customer(engine: Engine, seed: Any) -> None:
+    """Events of a tenant without a Stripe customer are not "due" for any drainer, but the
+    line does not say "nothing is due" while they wait: it counts them, due or put off by
+    the parker, until the tenant is mapped."""
+    from webapp.outbox.waiting import defer_unsendable
+
+    now = utcnow()
+    seed.event(tenant_id="nobody", created_at=now - timedelta(hours=1),
+               next_attempt_at=now - timedelta(hours=1))
+    h = read(engine, now=now)
+    assert (h.state, h.level) == ("idle", "info")
+    assert h.detail == ("Nothing can be sent now: 1 event waits for a Stripe customer (their "
+                        "tenant is not mapped yet).")
+    seed.events(2, tenant_id="nobody", created_at=now - timedelta(hours=1),
+                next_attempt_at=now - timedelta(hours=1))
+    assert "3 events wait for a Stripe customer" in read(engine, now=now).detail
+    # Put off by the parker, they are no longer due; the line still counts them.
+    assert defer_unsendable(engine, now=now) == 3
+    with engine.connect() as conn:
+        assert conn.execute(select(OutboxEvent.__table__.c.id).where(
+            OutboxEvent.__table__.c.next_attempt_at <= now)).first() is None
+    assert "3 events wait for a Stripe customer" in read(engine, now=now).detail
+    # Mapped, they are due at once and the line says so instead.
+    operations.set_tenant(engine, "nobody", stripe_customer_id="cus_nobody", name=None,
+                          now=now)
+    h = read(engine, now=now + timedelta(seconds=1))
+    assert h.state == "idle" and "3 events due recently" in h.detail
+    assert "customer" not in h.detail
+
+
 def test_events_of_a_meter_stripe_lacks_are_meter_missing(engine: Engine, seed: Any) -> None:
     seed.tenant("acme", "cus_acme")
     now = utcnow()

@@ -11,7 +11,8 @@ one state, read from what is really happening, never from a flag someone forgot 
   then names too).
 - **Meter missing** — events are due for a meter Stripe does not have (active); they wait.
 - **Sending** — an event went out within ``STALLED_AFTER`` (the only green state).
-- **Idle** — nothing is due (events may wait for their retry time).
+- **Idle** — nothing is due (events may wait for their retry time), or only events of tenants
+  without a Stripe customer are (the line says how many wait for a mapping).
 
 Every read is bounded: the due events are sampled from the claim's own index
 (``ix_outbox_claimable``), at most ``SAMPLE`` of them, oldest first, where held ones collect;
@@ -179,6 +180,11 @@ def health(conn: Connection, *, now: datetime, api_key_here: bool) -> Health:
                       since=last_sent)
     if due.sendable:
         return state("idle", f"{waiting} due recently; none sent yet.")
+    unmapped, more = _waiting_for_customer(conn, now)
+    if unmapped:
+        verb = "waits" if unmapped == 1 and not more else "wait"
+        return state("idle", f"Nothing can be sent now: {_count(unmapped, more)} {verb} for "
+                     "a Stripe customer (their tenant is not mapped yet).")
     return state("idle", "Nothing is due to be sent.")
 
 
@@ -236,6 +242,18 @@ def _put_off_for_meters(conn: Connection, now: datetime,
     by = {str(m): int(n) for m, n in conn.execute(
         select(picked.c.meter, func.count()).group_by(picked.c.meter))}
     return by, sum(by.values()) >= SAMPLE
+
+
+def _waiting_for_customer(conn: Connection, now: datetime) -> tuple[int, bool]:
+    """Never-claimed events of tenants without a Stripe customer, due or put off by the
+    parker (due again within ``DEFER_FOR``), at most ``SAMPLE`` (any of them: a count needs no
+    order, and the read stops at the limit); and whether there were that many. Read only when
+    nothing else is due, so that Idle does not say "nothing is due"
+    while they wait for a mapping."""
+    picked = (select(T.c.id).where(*UNCLAIMED, T.c.next_attempt_at <= now + DEFER_FOR, ~MAPPED)
+              .limit(SAMPLE).subquery())
+    n = int(conn.execute(select(func.count()).select_from(picked)).scalar_one())
+    return n, n >= SAMPLE
 
 
 def _oldest_sendable(conn: Connection, now: datetime,
