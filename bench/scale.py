@@ -357,15 +357,13 @@ def year_parts(engine: Any, start: Any, end: Any, runs: int) -> tuple[Figure, Fi
     row), and the least any statement giving the same rows can cost: the rows already summed
     (a temporary table made from the statement), read and built into ``UsageRow``s the way
     ``tenant_usage`` builds them. Returns both and the number of rows."""
-    from webapp.read.tenants import usage_columns, usage_rows
-    from webapp.read.usage_sources import bytewise, many_rows, per_row
+    from webapp.read.tenants import usage_rows, usage_select
+    from webapp.read.usage_sources import many_rows, per_row
 
     server, least = Figure(), Figure()
     with engine.connect() as conn, conn.begin():
         many_rows(conn)
-        per = per_row(conn, start, end).subquery()
-        stmt = usage_columns(per).order_by(bytewise(conn, per.c.tenant_id),
-                                           bytewise(conn, per.c.meter))
+        stmt = usage_select(conn, per_row(conn, start, end).subquery())
         sql = str(stmt.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True}))
         for _ in range(max(3, runs)):
             plan = conn.exec_driver_sql("EXPLAIN (ANALYZE, TIMING OFF, FORMAT JSON) " + sql)

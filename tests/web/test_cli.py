@@ -459,7 +459,6 @@ def test_usage_json_of_more_rows_than_one_write_is_one_document(
     assert out.stdout == json.dumps(data) + "\n"
 
 
-
 def test_usage_on_a_database_that_fails_the_query_writes_no_half_document(
         tmp_path: Path) -> None:
     """The rows are streamed, but the query runs before the first byte is written: a schema

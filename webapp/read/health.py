@@ -248,8 +248,8 @@ def _waiting_for_customer(conn: Connection, now: datetime) -> tuple[int, bool]:
     """Never-claimed events of tenants without a Stripe customer, due or put off by the
     parker (due again within ``DEFER_FOR``), at most ``SAMPLE`` (any of them: a count needs no
     order, and the read stops at the limit); and whether there were that many. Read only when
-    nothing else is due, so that Idle does not say "nothing is due"
-    while they wait for a mapping."""
+    nothing else is due, so that Idle does not say "nothing is due" while they wait for a
+    mapping."""
     picked = (select(T.c.id).where(*UNCLAIMED, T.c.next_attempt_at <= now + DEFER_FOR, ~MAPPED)
               .limit(SAMPLE).subquery())
     n = int(conn.execute(select(func.count()).select_from(picked)).scalar_one())

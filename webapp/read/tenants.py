@@ -26,7 +26,7 @@ from .series import Bucket, sent_by_occurrence_day
 from .usage_sources import USAGE_STATUSES, bytewise, many_rows, per_row
 
 __all__ = ["USAGE_STATUSES", "Usage", "UsageRow", "month_start", "tenant_detail",
-           "tenant_usage", "tenants_list", "usage_columns", "usage_in", "usage_rows"]
+           "tenant_usage", "tenants_list", "usage_in", "usage_rows", "usage_select"]
 
 
 
@@ -80,26 +80,27 @@ def usage_in(conn: Connection, *, start: date, end: date,
     if tenant_id is None:
         many_rows(conn)
     per = per_row(conn, start, end, tenant_id, in_flight_apart=in_flight_apart).subquery()
-    result = conn.execute(usage_columns(per, statuses)
-                          .order_by(bytewise(conn, per.c.tenant_id), bytewise(conn, per.c.meter)))
     # Fetched whole (one call, not one per row).
-    rows = usage_rows(result.all(), statuses)
+    rows = usage_rows(conn.execute(usage_select(conn, per, statuses)).all(), statuses)
     return Usage(start, end, rows)
 
 
-def usage_columns(per: Any, statuses: tuple[str, ...] = USAGE_STATUSES) -> Select[Any]:
+def usage_select(conn: Connection, per: Any,
+                 statuses: tuple[str, ...] = USAGE_STATUSES) -> Select[Any]:
     """The columns :func:`usage_rows` reads, in its order, from rows ``per`` of
-    :func:`~webapp.read.usage_sources.per_row` (or a stored report's)."""
-    return select(per.c.tenant_id, per.c.meter, per.c.name, per.c.stripe_customer_id,
-                  *[per.c[f"{s}_events"] for s in statuses],
-                  *[per.c[f"{s}_units"] for s in statuses])
+    :func:`~webapp.read.usage_sources.per_row` (or a stored report's), by tenant then
+    meter."""
+    return (select(per.c.tenant_id, per.c.meter, per.c.name, per.c.stripe_customer_id,
+                   *[per.c[f"{s}_events"] for s in statuses],
+                   *[per.c[f"{s}_units"] for s in statuses])
+            .order_by(bytewise(conn, per.c.tenant_id), bytewise(conn, per.c.meter)))
 
 
 def usage_rows(rows: Iterable[Sequence[Any]],
                statuses: tuple[str, ...] = USAGE_STATUSES) -> list[UsageRow]:
-    """``UsageRow``s of rows read by :func:`usage_columns`. Each figure is taken as the
+    """``UsageRow``s of rows read by :func:`usage_select`. Each figure is taken as the
     driver hands it: the sums are typed BIGINT, so they are ints already (converting each
-    of every tenant's 2.8 million figures again cost a tenth of a second)."""
+    again: every tenant's year 3.77 -> 3.72 s, medians of 3)."""
     n = len(statuses)
     return [UsageRow(r[0], r[1], r[2], r[3], dict(zip(statuses, r[4:4 + n], strict=True)),
                      dict(zip(statuses, r[4 + n:], strict=True))) for r in rows]

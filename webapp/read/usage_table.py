@@ -38,7 +38,7 @@ from ..outbox.sql import (
 from .counts import Freshness, UnmappedTenant, rollup_freshness
 from .mappings import waiting_for_customer
 from .search import prefix_range
-from .tenants import UsageRow, usage_columns, usage_rows
+from .tenants import UsageRow, usage_rows, usage_select
 from .usage_reports import REPORT_ROWS, Report, rows_of, shown_report
 from .usage_sources import (
     USAGE_STATUSES,
@@ -121,11 +121,12 @@ def _filter(u: Any, query: UsageQuery, waiting: Any = None) -> list[ColumnElemen
     return where
 
 
-def _row(m: Any, statuses: tuple[str, ...] = USAGE_STATUSES) -> UsageRow:
-    """A row of the statement as a ``UsageRow`` (a totals row: no tenant, meter or name)."""
+def _row(m: Any) -> UsageRow:
+    """A row of the page's statement as a ``UsageRow`` (a totals row: no tenant, meter or
+    name)."""
     r = (UsageRow(m["tenant_id"], m["meter"], m["name"], m["stripe_customer_id"])
          if m["tenant_id"] is not None else UsageRow("", ""))
-    for s in statuses:
+    for s in USAGE_STATUSES:
         r.events[s] = int(m[f"{s}_events"] or 0)
         r.quantity[s] = int(m[f"{s}_units"] or 0)
     return r
@@ -267,8 +268,7 @@ def report_rows_streamed(engine: Engine, report_id: int) -> Iterator[UsageRow]:
 def _streamed(conn: Connection, per: Any, statuses: tuple[str, ...]) -> Iterator[UsageRow]:
     """Rows ``per`` by tenant then meter, read and built a thousand at a time."""
     result = conn.execution_options(stream_results=True, yield_per=1000).execute(
-        usage_columns(per, statuses)
-        .order_by(bytewise(conn, per.c.tenant_id), bytewise(conn, per.c.meter)))
+        usage_select(conn, per, statuses))
     for part in result.partitions():
         yield from usage_rows(part, statuses)
 
