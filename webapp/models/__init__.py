@@ -33,6 +33,7 @@ from .stripe_sync import (
     StripeErrorSample,
     StripeEvent,
     StripeMeter,
+    StreamRequest,
     SyncState,
 )
 
@@ -46,7 +47,7 @@ __all__ = [
     "ReconciliationRun", "RollupState", "SentUsageDay", "SentUsageMonthly", "SentUsageRollup",
     "SentUsageYearly",
     "StripeErrorSample", "StripeEvent",
-    "StripeMeter", "SyncState", "TEXT_LIMIT", "Tenant", "UTCDateTime", "UsageReport",
+    "StripeMeter", "StreamRequest", "SyncState", "TEXT_LIMIT", "Tenant", "UTCDateTime", "UsageReport",
     "UsageReportRow", "User", "clean", "fit",
     "fit_json_list", "fit_key", "fits", "limit_of", "utcnow",
 ]

@@ -111,6 +111,11 @@ class OutboxEvent(Base):
     cancelled_by: Mapped[str | None] = mapped_column(String(255))
     cancel_reason: Mapped[str | None] = mapped_column(String(40))
     cancel_note: Mapped[str | None] = mapped_column(Text)
+    # What Stripe answered to the cancel (a meter event adjustment, migration 0017): its id
+    # where the answer carries one (else the request id of the call), and its status,
+    # ``pending`` or ``complete``.
+    cancel_adjustment_id: Mapped[str | None] = mapped_column(String(255))
+    cancel_adjustment_status: Mapped[str | None] = mapped_column(String(20))
     dead_reason: Mapped[str | None] = mapped_column(Text)
     dead_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     resolved_at: Mapped[datetime | None] = mapped_column(UTCDateTime())

@@ -26,6 +26,9 @@ class StripeMeter(Base):
     value_key: Mapped[str] = mapped_column(String(100))
     #: ``sum``, ``count`` or ``last`` (``default_aggregation.formula``).
     formula: Mapped[str] = mapped_column(String(20))
+    #: ``day`` or ``hour`` for a pre-aggregated meter (Stripe keeps one value per customer and
+    #: window, the last one sent): its events are not sent, they wait (migration 0017).
+    event_time_window: Mapped[str | None] = mapped_column(String(20))
     seen_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
@@ -88,6 +91,22 @@ class StripeErrorSample(Base):
         Index("ix_samples_waiting", "id", postgresql_where=text("outcome = 'waiting'"),
               sqlite_where=text("outcome = 'waiting'")),
     )
+
+
+class StreamRequest(Base):
+    """One meter event stream request that may have reached Stripe (migration 0017): the
+    ``Idempotency-Key`` it was sent with, which Stripe's error reports may name instead of an
+    event's identifier, and the events it carried. One row per request of up to 100 events,
+    written in the transaction that records their outcomes."""
+
+    __tablename__ = "stripe_stream_requests"
+
+    idempotency_key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    stripe_request_id: Mapped[str | None] = mapped_column(String(255))
+    sent_at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
+    #: The outbox ids of the events it carried, comma-separated, in the request's order.
+    event_ids: Mapped[str] = mapped_column(Text)
+    events: Mapped[int] = mapped_column(Integer)
 
 
 class ReconciliationRun(Base):

@@ -58,6 +58,7 @@ from ..models import (
     SentUsageRollup,
     SentUsageYearly,
     StripeErrorSample,
+    StreamRequest,
     StripeEvent,
     StripeMeter,
     SyncState,
@@ -87,6 +88,7 @@ ATTEMPT_ROLLUP = cast(Table, AttemptRollup.__table__)
 STRIPE_METERS = cast(Table, StripeMeter.__table__)
 STRIPE_EVENTS = cast(Table, StripeEvent.__table__)
 ERROR_SAMPLES = cast(Table, StripeErrorSample.__table__)
+STREAM_REQUESTS = cast(Table, StreamRequest.__table__)
 SYNC_STATE = cast(Table, SyncState.__table__)
 RECON_RUNS = cast(Table, ReconciliationRun.__table__)
 RECON_MISMATCHES = cast(Table, ReconciliationMismatch.__table__)
