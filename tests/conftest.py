@@ -195,7 +195,9 @@ def seed(engine: Engine) -> Any:
 def fake_stripe() -> Iterator[Any]:
     from support.fake_stripe import FakeStripe
 
-    fake = FakeStripe().start()
+    # Streams on a port of their own, as Stripe serves them on a host of its own: a stream
+    # request sent to the API's address is answered 404, as api.stripe.com answers it.
+    fake = FakeStripe(separate_streams=True).start()
     try:
         yield fake
     finally:
@@ -213,10 +215,12 @@ def make_settings(db_url: str, **overrides: Any) -> Settings:
 
 @pytest.fixture
 def settings(db_url: str, fake_stripe: Any) -> Settings:
-    return make_settings(db_url, stripe_api_base=fake_stripe.base_url)
+    return make_settings(db_url, stripe_api_base=fake_stripe.base_url,
+                         stripe_meter_events_base=fake_stripe.meter_events_url)
 
 
-def worker_env(db_url: str, api_base: str | None = None, **extra: str) -> dict[str, str]:
+def worker_env(db_url: str, api_base: str | None = None, meter_events_base: str | None = None,
+               **extra: str) -> dict[str, str]:
     """The environment of a real ``billing-outbox`` process in tests."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "STRIPE_"))}
     env.update(DATABASE_URL=db_url, SECRET_KEY=secrets.token_urlsafe(48),
@@ -227,6 +231,8 @@ def worker_env(db_url: str, api_base: str | None = None, **extra: str) -> dict[s
                PYTHONUNBUFFERED="1")
     if api_base:
         env["STRIPE_API_BASE"] = api_base
+    if meter_events_base:
+        env["STRIPE_METER_EVENTS_BASE"] = meter_events_base
     env.update(extra)
     return env
 

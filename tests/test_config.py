@@ -178,14 +178,45 @@ def test_meter_event_api_stream() -> None:
 
 
 def test_request_rate_and_batch_size_defaults_follow_the_api() -> None:
-    v1, v2 = load(), load(STRIPE_METER_EVENT_API="v2_stream")
+    live = {"STRIPE_API_KEY": "sk_live_abc"}
+    v1, v2 = load(**live), load(STRIPE_METER_EVENT_API="v2_stream", **live)
     assert (v1.stripe_max_requests_per_second, v1.batch_size) == (20.0, 200)
     assert (v2.stripe_max_requests_per_second, v2.batch_size) == (100.0, 2000)
     given = load(STRIPE_METER_EVENT_API="v2_stream", STRIPE_MAX_REQUESTS_PER_SECOND="20",
-                 OUTBOX_BATCH_SIZE="200")
+                 OUTBOX_BATCH_SIZE="200", **live)
     assert (given.stripe_max_requests_per_second, given.batch_size) == (20.0, 200)
-    blank = load(STRIPE_METER_EVENT_API="v2_stream", OUTBOX_BATCH_SIZE=" ")
+    blank = load(STRIPE_METER_EVENT_API="v2_stream", OUTBOX_BATCH_SIZE=" ", **live)
     assert blank.batch_size == 2000
+
+
+@pytest.mark.parametrize("key", ["sk_test_abc", "rk_test_abc", None, "sk_abc"])
+@pytest.mark.parametrize("api", ["v1", "v2_stream"])
+def test_a_sandbox_key_keeps_the_default_rate_within_test_modes_25(key: str | None,
+                                                                    api: str) -> None:
+    """In a sandbox, stream requests count against the basic 25 requests/s: without a
+    live-mode key the default stays within it in both modes; a value set by hand is kept."""
+    env = {"STRIPE_METER_EVENT_API": api, **({"STRIPE_API_KEY": key} if key else {})}
+    assert load(**env).stripe_max_requests_per_second == 20.0
+    assert load(STRIPE_MAX_REQUESTS_PER_SECOND="90", **env).stripe_max_requests_per_second == 90
+    assert load(**env).batch_size == (2000 if api == "v2_stream" else 200)
+
+
+def test_stream_host_follows_stripe_unless_set() -> None:
+    """Neither base set: Stripe's two hosts. Only STRIPE_API_BASE (a local fake): streams go
+    there too. STRIPE_METER_EVENTS_BASE set: streams go there, whatever the API base."""
+    s = load()
+    assert (s.stripe_api_base, s.meter_events_base) == (
+        "https://api.stripe.com", "https://meter-events.stripe.com")
+    s = load(STRIPE_API_BASE="http://127.0.0.1:12111/")
+    assert s.meter_events_base == "http://127.0.0.1:12111"
+    s = load(STRIPE_API_BASE="http://127.0.0.1:12111",
+             STRIPE_METER_EVENTS_BASE=" http://127.0.0.1:12112/ ")
+    assert (s.stripe_api_base, s.meter_events_base) == ("http://127.0.0.1:12111",
+                                                        "http://127.0.0.1:12112")
+    s = load(STRIPE_METER_EVENTS_BASE="https://meter-events.example.net")
+    assert (s.stripe_api_base, s.meter_events_base) == ("https://api.stripe.com",
+                                                        "https://meter-events.example.net")
+    assert "STRIPE_METER_EVENTS_BASE" in refused(STRIPE_METER_EVENTS_BASE="ftp://x")
 
 
 # -- DRAINER_ENABLED ------------------------------------------------------------------------------

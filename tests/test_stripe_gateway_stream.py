@@ -39,7 +39,7 @@ class Clock:
 
 @pytest.fixture
 def fake() -> Iterator[FakeStripe]:
-    with FakeStripe(meters=(METER,)) as f:
+    with FakeStripe(meters=(METER,), separate_streams=True) as f:
         yield f
 
 
@@ -50,7 +50,8 @@ def clock() -> Clock:
 
 @pytest.fixture
 def gateway(fake: FakeStripe, clock: Clock) -> Iterator[StripeGateway]:
-    gw = StripeGateway(KEY, api_base=fake.base_url, timeout_seconds=5, clock=clock)
+    gw = StripeGateway(KEY, api_base=fake.base_url, meter_events_base=fake.meter_events_url,
+                       timeout_seconds=5, clock=clock)
     yield gw
     gw.close()
 
@@ -109,7 +110,8 @@ def test_a_5xx_leaves_every_event_unknown(fake: FakeStripe, gateway: StripeGatew
 
 
 def test_a_timeout_leaves_every_event_unknown(fake: FakeStripe, clock: Clock) -> None:
-    gw = StripeGateway(KEY, api_base=fake.base_url, timeout_seconds=0.3, clock=clock)
+    gw = StripeGateway(KEY, api_base=fake.base_url, meter_events_base=fake.meter_events_url,
+                       timeout_seconds=0.3, clock=clock)
     try:
         fake.fail_next("slow", seconds=1.0)
         result = gw.send_batch(events(3))
@@ -139,7 +141,8 @@ def test_401_403_are_systemic(fake: FakeStripe, gateway: StripeGateway, status: 
 
 def test_a_refused_session_key_is_systemic_and_sends_nothing(fake: FakeStripe,
                                                              clock: Clock) -> None:
-    gw = StripeGateway("pk_test_not_a_secret", api_base=fake.base_url, timeout_seconds=5,
+    gw = StripeGateway("pk_test_not_a_secret", api_base=fake.base_url,
+                       meter_events_base=fake.meter_events_url, timeout_seconds=5,
                        clock=clock)
     try:
         result = gw.send_batch(events(2))
@@ -366,3 +369,57 @@ def test_a_renewal_asked_with_an_already_replaced_token_reuses_the_new_one() -> 
     second = tokens.renew(first)       # one thread saw it expire: renewed
     assert tokens.renew(first) == second == tokens.token()  # another thread, late: reused
     assert made == ["tok0", "tok1"] and tokens.created == 2
+
+
+# -- Stripe's two hosts ------------------------------------------------------------------------
+
+def test_streams_reach_only_the_meter_events_host_and_the_rest_only_the_api(
+        fake: FakeStripe, gateway: StripeGateway) -> None:
+    """The fake serves streams on a port of their own and answers 404 to them on the API's,
+    as Stripe does: the session and every other call go to the API, streams to theirs."""
+    result = gateway.send_batch(events(3))
+    assert outcomes(result) == [Outcome.DELIVERED] * 3
+    assert gateway.list_meters()
+    hits = fake.hits()
+    streams = [h for h in hits if h[2] == "/v2/billing/meter_event_stream"]
+    others = [h for h in hits if h[2] != "/v2/billing/meter_event_stream"]
+    assert streams and {h[0] for h in streams} == {"meter_events"}
+    assert {h[2] for h in others} >= {"/v2/billing/meter_event_session", "/v1/billing/meters"}
+    assert {h[0] for h in others} == {"api"}
+    assert fake.accept_count() == 3
+
+
+def test_streams_sent_to_the_api_host_are_refused_and_nothing_is_taken(
+        fake: FakeStripe, clock: Clock) -> None:
+    """The mix-up this guards against: with both bases on the API's host, every stream
+    request is a 404, which stops sending (systemic), and Stripe takes nothing."""
+    gw = StripeGateway(KEY, api_base=fake.base_url, meter_events_base=fake.base_url,
+                       timeout_seconds=5, clock=clock)
+    try:
+        result = gw.send_batch(events(2))
+    finally:
+        gw.close()
+    assert outcomes(result) == [Outcome.SYSTEMIC] * 2
+    assert {r.http_status for r in result.results} == {404}
+    assert fake.accept_count() == 0 and fake.stream_calls() == 0
+
+
+def test_with_neither_base_set_the_sdk_has_stripes_two_hosts() -> None:
+    from webapp.config import Settings
+    from webapp.worker import gateway_from
+
+    gw = gateway_from(Settings(database_url="sqlite://", stripe_api_key=KEY))
+    assert gw is not None
+    try:
+        bases = gw.base_addresses
+    finally:
+        gw.close()
+    assert bases["api"] == "https://api.stripe.com"
+    assert bases["meter_events"] == "https://meter-events.stripe.com"
+    gw = gateway_from(Settings(database_url="sqlite://", stripe_api_key=KEY,
+                               stripe_api_base="http://127.0.0.1:9"))
+    assert gw is not None
+    try:
+        assert gw.base_addresses["meter_events"] == "http://127.0.0.1:9"
+    finally:
+        gw.close()

@@ -19,14 +19,23 @@ from urllib.parse import urlparse
 INSTANCE_DIR = Path(os.environ.get("BILLING_OUTBOX_INSTANCE_DIR", Path.cwd() / "instance"))
 
 STRIPE_API_BASE_DEFAULT = "https://api.stripe.com"
+#: Where Stripe serves ``POST /v2/billing/meter_event_stream``: a host of its own, not the API's
+#: (the path's ``servers`` in Stripe's OpenAPI spec, and stripe-python's ``meter_events`` base
+#: address, ``stripe.DEFAULT_METER_EVENTS_API_BASE``).
+STRIPE_METER_EVENTS_BASE_DEFAULT = "https://meter-events.stripe.com"
 #: How meter events go to Stripe: ``v1`` (one per call) or ``v2_stream`` (sessions, up to 100
 #: events per request).
 METER_EVENT_APIS = ("v1", "v2_stream")
-#: ``STRIPE_MAX_REQUESTS_PER_SECOND`` when unset, per API. v1: 20 calls/s keeps a worker well
-#: inside Stripe's 25 calls/s in test mode. v2_stream: 100 requests/s of up to 100 events each
-#: (10,000 events/s) is 1% of the stream's 10,000 requests/s in live mode, and leaves room for
-#: several workers on one account; an explicit value is kept as given in either mode.
+#: ``STRIPE_MAX_REQUESTS_PER_SECOND`` when unset, per API, with a live-mode key. v1: 20 calls/s
+#: keeps a worker well inside Stripe's 25 calls/s in test mode. v2_stream: 100 requests/s of up
+#: to 100 events each (10,000 events/s) is 1% of the stream's 10,000 requests/s in live mode,
+#: and leaves room for several workers on one account; an explicit value is kept as given in
+#: either mode.
 DEFAULT_MAX_REQUESTS_PER_SECOND = {"v1": 20.0, "v2_stream": 100.0}
+#: The default with any key that is not a live-mode one (``sk_test_``, ``rk_test_``, or none): in
+#: a sandbox, stream requests count against the basic limit of 25 requests/s like every other
+#: call (docs.stripe.com/rate-limits, "Meter events"), so streams get v1's 20.
+SANDBOX_MAX_REQUESTS_PER_SECOND = 20.0
 #: ``OUTBOX_BATCH_SIZE`` when unset, per API. A stream request carries up to 100 events, so a
 #: claimed batch of 2,000 fills about twenty requests, paced by the request rate and sent
 #: ``OUTBOX_CONCURRENCY`` at a time. A pass lasts about that pacing (0.2 s at 100 requests/s)
@@ -53,6 +62,8 @@ class Settings:
     secret_key: str | None = field(default=None, repr=False)
     stripe_api_key: str | None = field(default=None, repr=False)
     stripe_api_base: str = STRIPE_API_BASE_DEFAULT
+    #: ``STRIPE_METER_EVENTS_BASE``; None: see :attr:`meter_events_base`.
+    stripe_meter_events_base: str | None = None
     stripe_meter_event_name: str = "api_requests"
     stripe_timeout_seconds: float = 10.0
     stripe_max_requests_per_second: float = 20.0
@@ -99,6 +110,17 @@ class Settings:
         return "none" if not key else "unknown"
 
     @property
+    def meter_events_base(self) -> str:
+        """Where meter event streams go: ``STRIPE_METER_EVENTS_BASE`` when set; else, when
+        ``STRIPE_API_BASE`` names something other than Stripe's API (a local fake, a proxy),
+        that; else Stripe's meter events host."""
+        if self.stripe_meter_events_base:
+            return self.stripe_meter_events_base
+        if self.stripe_api_base != STRIPE_API_BASE_DEFAULT:
+            return self.stripe_api_base
+        return STRIPE_METER_EVENTS_BASE_DEFAULT
+
+    @property
     def longest_call_seconds(self) -> float:
         """The longest one Stripe call can take: connect plus read timeout (no SDK retries)."""
         return CONNECT_TIMEOUT_SECONDS + self.stripe_timeout_seconds
@@ -121,16 +143,19 @@ class Settings:
         """Parse and validate the environment; raise ``ConfigError`` naming the bad variable."""
         env = os.environ if env is None else env
         api = _choice(env, "STRIPE_METER_EVENT_API", "v1", METER_EVENT_APIS)
+        api_key = _api_key(env.get("STRIPE_API_KEY"))
         settings = cls(
             database_url=_database_url(env.get("DATABASE_URL")),
             secret_key=env.get("SECRET_KEY") or None,
-            stripe_api_key=_api_key(env.get("STRIPE_API_KEY")),
-            stripe_api_base=_url("STRIPE_API_BASE", env.get("STRIPE_API_BASE"),
-                                 STRIPE_API_BASE_DEFAULT),
+            stripe_api_key=api_key,
+            stripe_api_base=(_url("STRIPE_API_BASE", env.get("STRIPE_API_BASE"))
+                             or STRIPE_API_BASE_DEFAULT),
+            stripe_meter_events_base=_url("STRIPE_METER_EVENTS_BASE",
+                                          env.get("STRIPE_METER_EVENTS_BASE")),
             stripe_meter_event_name=_meter(env.get("STRIPE_METER_EVENT_NAME"), "api_requests"),
             stripe_timeout_seconds=_number(env, "STRIPE_TIMEOUT_SECONDS", 10.0, low=0.1, high=120),
             stripe_max_requests_per_second=_number(
-                env, "STRIPE_MAX_REQUESTS_PER_SECOND", DEFAULT_MAX_REQUESTS_PER_SECOND[api],
+                env, "STRIPE_MAX_REQUESTS_PER_SECOND", default_rate(api, api_key),
                 low=0.1, high=10_000),
             meter_event_api=api,
             batch_size=_integer(env, "OUTBOX_BATCH_SIZE", DEFAULT_BATCH_SIZE[api], low=1,
@@ -288,9 +313,18 @@ def secret_key_problem(key: str) -> str | None:
     return None
 
 
-def _url(name: str, raw: str | None, default: str) -> str:
+def default_rate(api: str, api_key: str | None) -> float:
+    """``STRIPE_MAX_REQUESTS_PER_SECOND`` when unset: the API's default with a live-mode key,
+    within test mode's 25 requests/s with any other (streams count against it there)."""
+    if api_key is not None and "_live_" in api_key[:8]:
+        return DEFAULT_MAX_REQUESTS_PER_SECOND[api]
+    return min(DEFAULT_MAX_REQUESTS_PER_SECOND[api], SANDBOX_MAX_REQUESTS_PER_SECOND)
+
+
+def _url(name: str, raw: str | None) -> str | None:
+    """An http(s) base URL without its trailing slash; None when unset."""
     if not raw:
-        return default
+        return None
     url = raw.strip().rstrip("/")
     parsed = urlparse(url)
     if parsed.scheme not in ("http", "https") or not parsed.netloc:

@@ -169,6 +169,16 @@ def test_stats_json_has_the_contracts_keys(env: dict[str, str], engine: Engine) 
     assert isinstance(data["oldest_pending_age_seconds"], int | float)
     assert 0 <= data["oldest_pending_age_seconds"] < 60
     assert data["paused"] is False and data["pause_reason"] is None
+    # Where calls and streams go: the fake's API, and streams there too unless set apart.
+    assert (data["stripe_api_base"], data["stripe_meter_events_base"]) == (
+        env["STRIPE_API_BASE"], env["STRIPE_API_BASE"])
+    apart = as_json(cli("stats", "--json", env=dict(
+        env, STRIPE_METER_EVENTS_BASE="http://127.0.0.1:9/")))
+    assert apart["stripe_meter_events_base"] == "http://127.0.0.1:9"
+    stock = {k: v for k, v in env.items() if k != "STRIPE_API_BASE"}
+    stripes = as_json(cli("stats", "--json", env=stock))
+    assert (stripes["stripe_api_base"], stripes["stripe_meter_events_base"]) == (
+        "https://api.stripe.com", "https://meter-events.stripe.com")
 
 
 #: Runs ``billing-outbox`` with its arguments, then names on stderr every module it loaded.

@@ -209,3 +209,23 @@ def test_a_non_stripe_api_base_is_shown_on_every_page(db_url, engine, users) -> 
                       start_drainer=False).test_client()
     login(real, users["viewer"])
     assert "Not Stripe:" not in real.get("/").get_data(as_text=True)
+
+
+def test_either_stripe_base_that_is_not_stripes_is_named(db_url, engine, users) -> None:
+    """Only the stream host moved (a proxy in front of it): the banner names it and not the
+    API; both moved to different places: both are named."""
+    def banner(**bases: str) -> str:
+        app = create_app({"TESTING": True}, settings=make_settings(db_url, **bases),
+                         engine=engine, start_drainer=False)
+        client = app.test_client()
+        login(client, users["viewer"])
+        return client.get("/").get_data(as_text=True)
+
+    html = banner(stripe_meter_events_base="http://127.0.0.1:12112")
+    assert "Not Stripe:" in html and "http://127.0.0.1:12112" in html
+    assert "STRIPE_METER_EVENTS_BASE" in html and "(STRIPE_API_BASE)" not in html
+    html = banner(stripe_api_base="http://127.0.0.1:12111",
+                  stripe_meter_events_base="http://127.0.0.1:12112")
+    assert "http://127.0.0.1:12111" in html and "http://127.0.0.1:12112" in html
+    html = banner(stripe_meter_events_base="https://meter-events.stripe.com")
+    assert "Not Stripe:" not in html

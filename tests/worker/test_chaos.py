@@ -249,7 +249,8 @@ def test_chaos(pg_url: str, pg: Engine, fake_stripe: FakeStripe, tmp_path: Path,
     fake_stripe.set_faults(error_5xx_rate=0.04, apply_before_5xx_rate=0.5,
                            drop_response_rate=0.04, rate_limit_rate=0.04, retry_after=0.2,
                            unavailable_rate=0.02)
-    env = worker_env(pg_url, fake_stripe.base_url, STRIPE_TIMEOUT_SECONDS=TIMEOUT,
+    env = worker_env(pg_url, fake_stripe.base_url, fake_stripe.meter_events_url,
+                     STRIPE_TIMEOUT_SECONDS=TIMEOUT,
                      OUTBOX_CLAIM_TIMEOUT_SECONDS=CLAIM_TIMEOUT, OUTBOX_BATCH_SIZE="40",
                      OUTBOX_CONCURRENCY="4", OUTBOX_POLL_INTERVAL_SECONDS="0.1",
                      STRIPE_METER_EVENT_API=api)

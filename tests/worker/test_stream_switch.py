@@ -54,7 +54,8 @@ def test_switching_a_live_backlog_v1_v2_v1_loses_and_doubles_nothing(
     # other mode, resends those events with the same identifiers.
     fake_stripe.set_faults(drop_response_rate=0.05, error_5xx_rate=0.05,
                            apply_before_5xx_rate=0.5)
-    base = worker_env(db_url, fake_stripe.base_url, OUTBOX_BATCH_SIZE="30",
+    base = worker_env(db_url, fake_stripe.base_url, fake_stripe.meter_events_url,
+                      OUTBOX_BATCH_SIZE="30",
                       OUTBOX_CONCURRENCY="4")
     stages = [("v1", EVENTS // 4), ("v2_stream", EVENTS // 2), ("v1", EVENTS)]
     for n, (api, until) in enumerate(stages):

@@ -16,11 +16,14 @@ from .health import health
 
 
 def stats(engine: Engine, *, now: datetime, api_key_here: bool = True,
-          retention_days: int | None = None, meter_event_api: str = "v1") -> dict[str, object]:
+          retention_days: int | None = None, meter_event_api: str = "v1",
+          stripe_api_base: str | None = None,
+          stripe_meter_events_base: str | None = None) -> dict[str, object]:
     """Counts by status (every row counted), the oldest waiting event's age, the sending
     switch, how many events wait for a customer mapping, the state of sending (``health``:
     the dashboard's status line), what retention has removed (``pruned``) and how events go
-    to Stripe (``meter_event_api``: ``v1`` or ``v2_stream``, from the settings)."""
+    to Stripe (``meter_event_api``: ``v1`` or ``v2_stream``; ``stripe_api_base`` and
+    ``stripe_meter_events_base``: where calls and streams go; all from the settings)."""
     with reading(engine) as conn:
         counts = dict.fromkeys(ALL_STATUSES, 0)
         for status, n in conn.execute(select(T.c.status, func.count()).group_by(T.c.status)):
@@ -49,6 +52,8 @@ def stats(engine: Engine, *, now: datetime, api_key_here: bool = True,
         "pause_kind": switch.kind,
         "waiting_for_customer_mapping": int(unmapped),
         "meter_event_api": meter_event_api,
+        "stripe_api_base": stripe_api_base,
+        "stripe_meter_events_base": stripe_meter_events_base,
         "health": state.as_dict(),
         "pruned": {"events": pruned, "units": pruned_units,
                    "last_at": last_pruned.isoformat() if last_pruned else None,

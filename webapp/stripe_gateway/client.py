@@ -43,10 +43,18 @@ class StripeGateway:
     ``calls`` counts every HTTP call made through it (pages of lists included).
     """
 
-    def __init__(self, api_key: str, *, api_base: str, timeout_seconds: float,
+    def __init__(self, api_key: str, *, api_base: str | None = None,
+                 meter_events_base: str | None = None, timeout_seconds: float,
                  connect_timeout_seconds: float = 3.05, pool_size: int = 64,
                  clock: Callable[[], datetime] | None = None) -> None:
-        self._base = api_base.rstrip("/")
+        # Stripe serves meter event streams on a host of its own (meter-events.stripe.com);
+        # every other call goes to the API's. A base left None is the SDK's own default.
+        bases: dict[str, str] = {}
+        if api_base:
+            bases["api"] = api_base.rstrip("/")
+        if meter_events_base:
+            bases["meter_events"] = meter_events_base.rstrip("/")
+        self._base = bases.get("api", stripe.DEFAULT_API_BASE)
         # Proxy settings are read from the environment once, here (requests would rescan
         # every environment variable on every call).
         proxies = requests.utils.get_environ_proxies(self._base)
@@ -61,7 +69,7 @@ class StripeGateway:
         stripe.enable_telemetry = False
         self._client = stripe.StripeClient(
             api_key,
-            base_addresses={"api": self._base, "meter_events": self._base},
+            base_addresses=bases,  # type: ignore[arg-type]
             max_network_retries=0,
             http_client=self._http,
         )
@@ -69,6 +77,11 @@ class StripeGateway:
         # thread sending through this gateway.
         self._stream = StreamSender(self._client, last_request_id=self._http.last_request_id,
                                     clock=clock)
+
+    @property
+    def base_addresses(self) -> dict[str, str]:
+        """Where the SDK sends each kind of call (``api``, ``meter_events``, …)."""
+        return dict(self._client._requestor._options.base_addresses)  # type: ignore[arg-type]
 
     @property
     def calls(self) -> int:

@@ -146,7 +146,9 @@ def stats(as_json: bool) -> None:
     data = compute(_svc().engine, now=_svc().clock(),
                    api_key_here=_svc().settings.stripe_mode != "none",
                    retention_days=_svc().settings.retention_days,
-                   meter_event_api=_svc().settings.meter_event_api)
+                   meter_event_api=_svc().settings.meter_event_api,
+                   stripe_api_base=_svc().settings.stripe_api_base,
+                   stripe_meter_events_base=_svc().settings.meter_events_base)
     if as_json:
         click.echo(json.dumps(data))
         return
@@ -155,6 +157,8 @@ def stats(as_json: bool) -> None:
     click.echo(f"oldest pending age: {data['oldest_pending_age_seconds']} s")
     click.echo("sending: " + (f"PAUSED ({data['pause_reason']})" if data["paused"] else "running"))
     click.echo(f"meter event API: {data['meter_event_api']}")
+    click.echo(f"Stripe API: {data['stripe_api_base']}; meter event streams: "
+               f"{data['stripe_meter_events_base']}")
     state = data["health"]
     click.echo(f"state: {state['title']} - {state['detail']}")  # type: ignore[index]
 

@@ -12,7 +12,7 @@ from urllib.parse import quote, urlencode
 from flask import Flask, g, url_for
 from markupsafe import Markup, escape
 
-from ..config import STRIPE_API_BASE_DEFAULT
+from ..config import STRIPE_API_BASE_DEFAULT, STRIPE_METER_EVENTS_BASE_DEFAULT
 from ..db import reading
 from ..read.health import Health, health
 from ..read.words import is_duplicate, outcome_words, state_words
@@ -37,10 +37,13 @@ def chrome() -> dict[str, Any]:
             status = None
         # Anything but Stripe's own API (a local fake, a proxy) is shown on every page, so a
         # demo or test setting never runs silently in production.
-        api_base = settings.stripe_api_base
+        api_base, streams_base = settings.stripe_api_base, settings.meter_events_base
         g.chrome = {"health": status, "stripe_mode": settings.stripe_mode,
                     "meter_event_api": settings.meter_event_api,
-                    "api_base": None if api_base == STRIPE_API_BASE_DEFAULT else api_base}
+                    "api_base": None if api_base == STRIPE_API_BASE_DEFAULT else api_base,
+                    "meter_events_base": (None if streams_base
+                                          == STRIPE_METER_EVENTS_BASE_DEFAULT
+                                          else streams_base)}
     return g.chrome  # type: ignore[no-any-return]
 
 

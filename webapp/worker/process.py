@@ -56,5 +56,6 @@ def gateway_from(settings: Settings) -> StripeGateway | None:
     from ..stripe_gateway import StripeGateway
 
     return StripeGateway(settings.stripe_api_key, api_base=settings.stripe_api_base,
+                         meter_events_base=settings.meter_events_base,
                          timeout_seconds=settings.stripe_timeout_seconds,
                          pool_size=settings.concurrency)

@@ -115,12 +115,16 @@ class FakeStripe(FaultsMixin, MeterEventsMixin, StreamMixin, BillingMixin, Custo
         sample_limit: int = 3,
         dedupe_seconds: float | None = None,
         report_every: float | None = None,
+        separate_streams: bool = False,
     ) -> None:
         if latency < 0:
             raise ValueError("latency must be >= 0")
         self.host = host
         self._requested_port = port
         self._port: int | None = None
+        #: Streams on a port of their own, as Stripe serves them on a host of its own.
+        self.separate_streams = separate_streams
+        self._streams_port: int | None = None
         self._initial_meters = frozenset(meters)
         self._initial_latency = float(latency)
         self._clock = clock
@@ -170,6 +174,7 @@ class FakeStripe(FaultsMixin, MeterEventsMixin, StreamMixin, BillingMixin, Custo
         self._in_flight = 0
         self._max_in_flight = 0
         self._log: deque[dict[str, Any]] = deque(maxlen=REQUEST_LOG_LIMIT)
+        self._hits: deque[tuple[str, str, str]] = deque(maxlen=REQUEST_LOG_LIMIT)
         self._idem: dict[tuple[str, str], IdemRecord] = {}
         self._stream_init()
 
@@ -177,6 +182,8 @@ class FakeStripe(FaultsMixin, MeterEventsMixin, StreamMixin, BillingMixin, Custo
         self._server_lock = threading.Lock()
         self._server: Server | None = None
         self._thread: threading.Thread | None = None
+        self._streams_server: Server | None = None
+        self._streams_thread: threading.Thread | None = None
         self._outage = False
         self._stopped = False
         self._conns_lock = threading.Lock()
@@ -195,6 +202,17 @@ class FakeStripe(FaultsMixin, MeterEventsMixin, StreamMixin, BillingMixin, Custo
     def base_url(self) -> str:
         """``http://HOST:PORT``: give it to the SDK as the ``api`` base address."""
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def meter_events_url(self) -> str:
+        """The ``meter_events`` base address: with ``separate_streams``, a port that serves
+        ``POST /v2/billing/meter_event_stream`` alone (Stripe's meter-events host), while
+        :attr:`base_url` answers 404 to it (as api.stripe.com does); else :attr:`base_url`."""
+        if not self.separate_streams:
+            return self.base_url
+        if self._streams_port is None:
+            raise RuntimeError("FakeStripe is not started")
+        return f"http://{self.host}:{self._streams_port}"
 
     def start(self) -> FakeStripe:
         """Bind and serve in a daemon thread. Returns ``self``."""
@@ -255,26 +273,36 @@ class FakeStripe(FaultsMixin, MeterEventsMixin, StreamMixin, BillingMixin, Custo
                 self._outage = False
 
     def _listen(self, port: int) -> None:
-        server = Server((self.host, port), self)
+        if self.separate_streams:
+            server, thread = self._serve(self._streams_port or 0, "meter_events")
+            self._streams_port = server.server_address[1]
+            self._streams_server, self._streams_thread = server, thread
+        server, thread = self._serve(port, "api" if self.separate_streams else "all")
         self._port = server.server_address[1]
+        self._server, self._thread = server, thread
+
+    def _serve(self, port: int, role: str) -> tuple[Server, threading.Thread]:
+        server = Server((self.host, port), self, role=role)
         thread = threading.Thread(
             target=server.serve_forever,
             kwargs={"poll_interval": 0.05},
-            name=f"fake-stripe-{self._port}",
+            name=f"fake-stripe-{server.server_address[1]}",
             daemon=True,
         )
-        self._server, self._thread = server, thread
         thread.start()
+        return server, thread
 
     def _unlisten(self) -> None:
-        server, thread = self._server, self._thread
+        for server, thread in ((self._server, self._thread),
+                               (self._streams_server, self._streams_thread)):
+            if server is None:
+                continue
+            server.shutdown()
+            server.server_close()
+            if thread is not None:
+                thread.join(timeout=5)
         self._server = self._thread = None
-        if server is None:
-            return
-        server.shutdown()
-        server.server_close()
-        if thread is not None:
-            thread.join(timeout=5)
+        self._streams_server = self._streams_thread = None
 
     def _track(self, conn: socket.socket, busy: bool = False) -> None:
         """Record an open connection and whether a request on it is being answered."""
@@ -340,6 +368,17 @@ class FakeStripe(FaultsMixin, MeterEventsMixin, StreamMixin, BillingMixin, Custo
         with self._lock:
             return [dict(entry) for entry in self._log]
 
+    def hits(self) -> list[tuple[str, str, str]]:
+        """(port's role, method, path) of every request received but the control endpoints',
+        oldest first: ``api`` or ``meter_events`` with ``separate_streams``, else ``all``."""
+        with self._lock:
+            return list(self._hits)
+
+    def _hit(self, role: str, method: str, path: str) -> None:
+        if not path.startswith("/_fake/"):
+            with self._lock:
+                self._hits.append((role, method, path))
+
     def reset(self) -> None:
         """Back to the as-constructed state: events, counters, idempotency records, log, faults,
         auth failure, latency, meters and the RNG seed. The listener and an outage are left as
@@ -372,6 +411,7 @@ class FakeStripe(FaultsMixin, MeterEventsMixin, StreamMixin, BillingMixin, Custo
             self._overlaps.clear()
             self._max_in_flight = self._in_flight
             self._log.clear()
+            self._hits.clear()
             self._idem.clear()
             # Sessions already issued stay valid (a client holding one keeps using it).
             tokens = self._stream_tokens
@@ -524,6 +564,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--report-every", type=float, default=None,
                         help="report the errors found after a 200 every N seconds")
+    parser.add_argument("--separate-streams", action="store_true",
+                        help="serve meter event streams on a port of their own (printed "
+                             "after the API's on the READY line), as Stripe does on a host "
+                             "of its own")
     args = parser.parse_args(argv)
 
     stop = threading.Event()
@@ -540,10 +584,14 @@ def main(argv: list[str] | None = None) -> int:
         latency=args.latency,
         seed=args.seed,
         report_every=args.report_every,
+        separate_streams=args.separate_streams,
     )
     fake.start()
     try:
-        print(f"READY {fake.base_url}", flush=True)
+        ready = f"READY {fake.base_url}"
+        if args.separate_streams:
+            ready += f" {fake.meter_events_url}"
+        print(ready, flush=True)
         while not stop.wait(0.5):
             pass
     finally:

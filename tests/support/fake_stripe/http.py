@@ -106,8 +106,13 @@ class Server(ThreadingHTTPServer):
     allow_reuse_address = True
     request_queue_size = 1024
 
-    def __init__(self, address: tuple[str, int], fake: FakeStripe) -> None:
+    def __init__(self, address: tuple[str, int], fake: FakeStripe, *, role: str = "all"
+                 ) -> None:
         self.fake = fake
+        #: ``all`` (every route on one port), ``api`` (every route but the meter event
+        #: stream, as api.stripe.com) or ``meter_events`` (the stream alone, as
+        #: meter-events.stripe.com). The control endpoints answer on every port.
+        self.role = role
         super().__init__(address, Handler)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -159,12 +164,18 @@ class Handler(BaseHTTPRequestHandler):
         control endpoints, else 404."""
         path = urlsplit(self.path).path
         fake = self.server.fake
+        fake._hit(self.server.role, "POST", path)
         fake._track(self.connection, busy=True)
         try:
             body = self._read_body()
             if body is None:
                 return
-            if path == METER_EVENTS_PATH:
+            role = self.server.role
+            if (role == "meter_events" and path != STREAM_PATH
+                    and not path.startswith(CONTROL_PREFIX)) or (
+                    role == "api" and path == STREAM_PATH):
+                self.send(self._not_found())
+            elif path == METER_EVENTS_PATH:
                 fake._serve_meter_event(self, body)
             elif path == STREAM_PATH:
                 fake._serve_stream(self, body)
@@ -186,8 +197,11 @@ class Handler(BaseHTTPRequestHandler):
         if self._read_body() is None:
             return
         fake = self.server.fake
+        fake._hit(self.server.role, "GET", path)
         summaries = _SUMMARIES_RE.match(path)
-        if path == METERS_PATH:
+        if self.server.role == "meter_events" and not path.startswith(CONTROL_PREFIX):
+            self.send(self._not_found())
+        elif path == METERS_PATH:
             self.send(fake._authorized(self, lambda: fake._serve_meter_list(query)))
         elif summaries is not None:
             meter_id = summaries.group(1)
