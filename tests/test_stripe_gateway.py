@@ -66,6 +66,24 @@ def test_the_sdk_client_telemetry_header_is_not_sent(fake_stripe: Any) -> None:
     assert len(log) == 3 and not any(entry["client_telemetry"] for entry in log)
 
 
+def test_a_meters_time_window_is_read_from_the_listing(fake_stripe: Any) -> None:
+    """``event_time_window``: Stripe's text for a pre-aggregated meter, None for an ordinary
+    one; such a meter is not one events may be sent to."""
+    from webapp.stripe_gateway import StripeGateway
+
+    fake_stripe.add_meter("seats", event_time_window="day")
+    fake_stripe.add_meter("calls", event_time_window="hour", status="inactive")
+    gateway = StripeGateway("sk_test_meters", api_base=fake_stripe.base_url, timeout_seconds=5)
+    try:
+        listed = {m.event_name: m for m in gateway.list_meters()}
+    finally:
+        gateway.close()
+    assert {name: (m.status, m.event_time_window, m.active) for name, m in listed.items()} == {
+        "api_requests": ("active", None, True), "seats": ("active", "day", False),
+        "calls": ("inactive", "hour", False)}
+    assert listed["seats"].kept_status == "pre_aggregated" and listed["seats"].pre_aggregated
+
+
 # -- classifying Stripe's errors (stripe-python 16.1) -----------------------------------------
 
 def _error(cls: type, status: int, code: str | None, message: str = "x") -> Any:

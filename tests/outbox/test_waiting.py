@@ -13,11 +13,11 @@ from sqlalchemy import Engine, insert, select
 from webapp.db import reading
 from webapp.models import OutboxEvent, Tenant
 from webapp.outbox.claims import claim_batch
-from webapp.outbox.meters import MeterInfo, store_meters
+from webapp.outbox.meters import MeterInfo, active_meters, known_meters, store_meters
 from webapp.outbox.operations import set_tenant
 from webapp.outbox.sync import METERS, record_run
 from webapp.outbox.tenant_import import import_mappings
-from webapp.outbox.waiting import DEFER_AFTER, DEFER_FOR, defer_unsendable
+from webapp.outbox.waiting import DEFER_AFTER, DEFER_FOR, defer_unsendable, waits_for
 from webapp.read.health import SAMPLE, health
 from webapp.worker.parker import Parker
 
@@ -156,3 +156,91 @@ def test_no_meter_is_put_off_unless_the_last_listing_succeeded(engine: Engine, s
     record_run(engine, METERS, ok=False, detail="down", now=now)
     assert Parker(engine, clock=lambda: now).run_once() == 0
     assert due_at(engine, [event])[event] == now
+
+
+# -- pre-aggregated meters --------------------------------------------------------------------
+
+#: A meter per case, as Stripe lists it: (status, event_time_window).
+METER_CASES = {"plain": ("active", None), "off": ("inactive", None),
+               "by_day": ("active", "day"), "by_hour": ("active", "hour"),
+               "off_by_day": ("inactive", "day")}
+
+
+def test_sql_and_python_pick_the_same_meters_to_send_to(engine: Engine, seed: Any,
+                                                        now: Any) -> None:
+    """Whether an event's meter may be sent to is asked in SQL (the parker, an event's page,
+    a listing's wake-up) and in Python (the drainer's meters, the status line): both say yes
+    for the ordinary active meter only — not for an inactive one, a missing one, or an active
+    or inactive one with a time window."""
+    seed.tenant("acme", "cus_acme")
+    long_ago = now - DEFER_AFTER - timedelta(minutes=1)
+    store_meters(engine, [MeterInfo("gone", "mtr_gone", "active")], now=long_ago)
+    listing = [MeterInfo(name, f"mtr_{name}", status, event_time_window=window)
+               for name, (status, window) in METER_CASES.items()]
+    assert [m.active for m in listing] == [True, False, False, False, False]
+    store_meters(engine, listing, now=now)        # "gone" is no longer listed: missing
+    record_run(engine, METERS, ok=True, detail=None, now=now)
+    events = {name: seed.event(tenant_id="acme", meter=name, next_attempt_at=long_ago,
+                               now=long_ago)
+              for name in [*METER_CASES, "gone", "never_listed"]}
+    with reading(engine) as conn:
+        python = set(active_meters(conn))
+        kept = {name: (m.status, m.event_time_window) for name, m in known_meters(conn).items()}
+        waits = {name: waits_for(conn, {"id": i, "status": "pending"})
+                 for name, i in events.items()}
+    assert kept == {"plain": ("active", None), "off": ("inactive", None),
+                    "by_day": ("pre_aggregated", "day"), "by_hour": ("pre_aggregated", "hour"),
+                    "off_by_day": ("inactive", "day"), "gone": ("missing", None)}
+    assert python == {"plain"}
+    assert {name for name, w in waits.items() if w is None} == python
+    assert defer_unsendable(engine, now=now) == len(events) - 1
+    at = due_at(engine, list(events.values()))
+    sql = {name for name, i in events.items() if at[i] <= now}
+    assert sql == python
+    claim = claim_batch(engine, worker="w:1:a", limit=10, now=now, claim_timeout_seconds=30,
+                        meters=sorted(python))
+    assert [e.meter for e in claim.events] == ["plain"]
+
+
+def test_a_pre_aggregated_meters_events_wait_until_a_listing_shows_it_ordinary(
+        engine: Engine, seed: Any, now: Any) -> None:
+    """Put off like a missing meter's, and due again in the listing that shows the event
+    name's meter without a time window (at Stripe a new meter: a meter's window cannot be
+    changed)."""
+    seed.tenant("acme", "cus_acme")
+    long_ago = now - DEFER_AFTER - timedelta(minutes=1)
+    event = seed.event(tenant_id="acme", meter="seats", next_attempt_at=long_ago, now=long_ago)
+    store_meters(engine, [MeterInfo("seats", "mtr_1", "active", event_time_window="day")],
+                 now=now)
+    record_run(engine, METERS, ok=True, detail=None, now=now)
+    assert Parker(engine, clock=lambda: now).run_once() == 1
+    assert due_at(engine, [event])[event] == now + DEFER_FOR
+    later = now + timedelta(minutes=1)
+    stored = store_meters(engine, [MeterInfo("seats", "mtr_1", "inactive",
+                                             event_time_window="day"),
+                                   MeterInfo("seats", "mtr_2", "active")], now=later)
+    assert (stored.active, stored.pre_aggregated) == (1, 0)
+    assert due_at(engine, [event])[event] == later
+    with reading(engine) as conn:
+        assert known_meters(conn)["seats"] == MeterInfo("seats", "mtr_2", "active")
+
+
+def test_of_two_active_meters_of_one_name_a_pre_aggregated_one_is_kept(
+        engine: Engine, now: Any) -> None:
+    """Active before inactive, as for any meter; and should Stripe list two active meters
+    of one event name, the events wait rather than risk a meter that keeps one value per
+    window. Its window is Stripe's text, cut to the column like the other shown fields."""
+    window = "fortnight" * 5
+    for listing in ([MeterInfo("a", "mtr_1", "inactive"),
+                     MeterInfo("a", "mtr_2", "active", event_time_window=window),
+                     MeterInfo("a", "mtr_3", "active")],
+                    [MeterInfo("a", "mtr_3", "active"),
+                     MeterInfo("a", "mtr_2", "active", event_time_window=window),
+                     MeterInfo("a", "mtr_1", "inactive")]):
+        stored = store_meters(engine, listing, now=now)
+        assert (stored.active, stored.pre_aggregated) == (0, 1)
+        with reading(engine) as conn:
+            m = known_meters(conn)["a"]
+        assert (m.meter_id, m.status, m.event_time_window) == ("mtr_2", "pre_aggregated",
+                                                               window[:20])
+        assert not m.active and m.pre_aggregated

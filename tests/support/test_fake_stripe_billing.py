@@ -58,6 +58,30 @@ def test_meters_are_listed_page_by_page_with_their_keys(fake: FakeStripe, client
         "inactive", "cust", "n", "count")
 
 
+def test_a_pre_aggregated_meter_is_listed_with_its_window_until_replaced(
+        fake: FakeStripe, client: Any) -> None:
+    """``event_time_window`` is ``day`` or ``hour`` on a pre-aggregated meter, null on an
+    ordinary one. Stripe cannot change a meter's window: the event name gets a new meter."""
+    import requests
+
+    first = fake.add_meter("seats", event_time_window="day")
+    assert requests.post(f"{fake.base_url}/_fake/meters", timeout=5,
+                         json={"event_name": "calls", "event_time_window": "hour"}).ok
+
+    def windows() -> dict[str, tuple[str, str | None]]:
+        page = client.v1.billing.meters.list(params={"limit": 100})
+        return {m.event_name: (m.id, m.event_time_window) for m in page.auto_paging_iter()}
+
+    listed = windows()
+    assert (listed["seats"], listed["calls"][1], listed["api_requests"][1]) == (
+        (first, "day"), "hour", None)
+    # Stripe takes events for it, as for any active meter.
+    send(client, params("pre-1", customer="cus_A", event_name="seats"), "k-pre-1")
+    assert fake.accept_count() == 1
+    second = fake.add_meter("seats")
+    assert second != first and windows()["seats"] == (second, None)
+
+
 def test_an_unknown_customer_gets_a_200_then_a_report_with_samples(
         fake: FakeStripe, client: Any) -> None:
     fake.sample_limit = 2

@@ -85,3 +85,24 @@ def test_an_event_of_a_missing_meter_says_it_waits_for_the_meter(client_as, seed
                           MeterInfo("storage_gb", "mtr_2", "active")], now=now)
     html = client_as("viewer").get(f"/events/{waiting}").get_data(as_text=True)
     assert 'id="waits-for-meter"' not in html
+
+
+def test_an_event_of_a_pre_aggregated_meter_says_why_it_is_not_sent(client_as, seed,
+                                                                    engine) -> None:
+    """Its next attempt is a meter without a time window, and the page says why: Stripe
+    would keep only the last event of each window. A listing that shows the event name's
+    meter ordinary ends it."""
+    seed.tenant("acme", "cus_acme")
+    waiting = seed.event(tenant_id="acme", meter="seats")
+    now = utcnow()
+    store_meters(engine, [MeterInfo("seats", "mtr_1", "active", event_time_window="hour")],
+                 now=now)
+    record_run(engine, METERS, ok=True, detail=None, now=now)
+    html = client_as("viewer").get(f"/events/{waiting}").get_data(as_text=True)
+    assert 'id="waits-for-meter" data-why="pre-aggregated"' in html
+    assert ("is pre-aggregated (one value per hour): Stripe would keep only the last event "
+            "of each hour, so its events are not sent.") in html
+    assert "reactivate" not in html
+    store_meters(engine, [MeterInfo("seats", "mtr_2", "active")], now=now)
+    html = client_as("viewer").get(f"/events/{waiting}").get_data(as_text=True)
+    assert 'id="waits-for-meter"' not in html and "pre-aggregated" not in html

@@ -171,6 +171,38 @@ def test_events_of_a_meter_stripe_lacks_are_meter_missing(engine: Engine, seed: 
     assert "1 other meter" in h.detail
 
 
+def test_events_of_a_pre_aggregated_meter_say_why_they_wait(engine: Engine, seed: Any) -> None:
+    """The meter exists and is active, but keeps one value per day: the line says so and
+    why its events wait, due or put off, and names the other meters too."""
+    from webapp.outbox.meters import MeterInfo, store_meters
+
+    seed.tenant("acme", "cus_acme")
+    now = utcnow()
+    meters_read(engine, active=["api_requests"], inactive=["storage_gb"])
+    store_meters(engine, [MeterInfo("api_requests", "mtr_1", "active"),
+                          MeterInfo("storage_gb", "mtr_2", "inactive"),
+                          MeterInfo("seats", "mtr_3", "active", event_time_window="day")],
+                 now=now)
+    seed.events(3, meter="seats", next_attempt_at=now + timedelta(minutes=9),
+                now=now - timedelta(minutes=20))
+    h = read(engine, now=now)
+    assert (h.state, h.meter) == ("meter_missing", "seats"), h
+    assert h.detail == (
+        "3 events wait for the meter “seats”, which is pre-aggregated (one value per day): "
+        "Stripe would keep only the last event of each day, so its events are not sent. "
+        "They go out once Stripe has a meter without a time window for their event name "
+        "(a meter's window cannot be changed: it takes a new meter).")
+    seed.events(1, meter="storage_gb", next_attempt_at=now - timedelta(minutes=1))
+    seed.events(4, meter="seats", next_attempt_at=now - timedelta(minutes=1))
+    h = read(engine, now=now)
+    assert h.meter == "seats" and h.detail.startswith("4 events wait for the meter “seats”, "
+                                                      "which is pre-aggregated (one value per")
+    assert h.detail.endswith("it takes a new meter). Events of 1 other meter(s) wait too.")
+    # A missing meter is still said to be missing.
+    seed.events(5, meter="storage_gb", next_attempt_at=now - timedelta(minutes=1))
+    assert "“storage_gb”, which Stripe does not have (active)" in read(engine, now=now).detail
+
+
 def test_events_put_off_for_a_missing_meter_still_show_it(engine: Engine, seed: Any) -> None:
     """The parker takes them out of the due events; the line still names their meter."""
     seed.tenant("acme", "cus_acme")

@@ -114,6 +114,44 @@ def test_the_stripe_page_names_a_missing_meter_and_what_to_do(client_as: Any,
     assert "events wait for meter storage_gb" in overview
 
 
+def test_the_stripe_page_and_overview_say_why_a_pre_aggregated_meters_events_wait(
+        client_as: Any, seed: Any, engine: Engine) -> None:
+    """Stripe keeps one value per window of such a meter: its row and the events waiting for
+    it say so in plain words, and what makes them go out; Stripe's window text is escaped."""
+    from webapp.outbox.meters import MeterInfo, store_meters
+    from webapp.outbox.sync import METERS, record_run
+
+    now = utcnow()
+    store_meters(engine, [MeterInfo("api_requests", "mtr_1", "active"),
+                          MeterInfo("seats", "mtr_2", "active", event_time_window="day"),
+                          MeterInfo("calls", "mtr_3", "inactive", event_time_window="hour"),
+                          MeterInfo("odd", "mtr_4", "active", event_time_window="<b>x</b>")],
+                 now=now)
+    record_run(engine, METERS, ok=True, detail=None, now=now)
+    seed.events(2, status="pending", meter="seats")
+    seed.event(status="pending", meter="calls")
+    seed.event(status="pending", meter="api_requests")
+    html = client_as("viewer").get("/stripe").get_data(as_text=True)
+    day = ("Pre-aggregated (one value per day): Stripe would keep only the last event of each "
+           "day, so its events are not sent. They go out once Stripe has a meter without a "
+           "time window for their event name")
+    row = re.search(r'<tr data-meter="seats">.*?</tr>', html, re.S)
+    assert row and "pre-aggregated</span>" in row.group(0) and day in row.group(0)
+    waiting = re.search(r'<li data-meter="seats">.*?</li>', html, re.S)
+    assert waiting and "<strong>2</strong> events" in waiting.group(0)
+    assert day in waiting.group(0) and "reactivate" not in waiting.group(0)
+    # Deactivated and pre-aggregated: reactivating it would not send them.
+    calls = re.search(r'<li data-meter="calls">.*?</li>', html, re.S)
+    assert calls and "deactivated" in calls.group(0) and "reactivate it" not in calls.group(0)
+    assert "Pre-aggregated (one value per hour)" in calls.group(0)
+    plain = re.search(r'<tr data-meter="api_requests">.*?</tr>', html, re.S)
+    assert plain and "Pre-aggregated" not in plain.group(0)
+    assert 'data-meter="api_requests"><strong>' not in html          # nothing waits for it
+    assert "one value per &lt;b&gt;x&lt;/b&gt;" in html and "<b>x</b>" not in html
+    overview = client_as("viewer").get("/").get_data(as_text=True)
+    assert "2 events wait for meter seats" in overview and day in overview
+
+
 def test_the_overview_says_what_happened_after_stripes_200(client_as: Any, seed: Any) -> None:
     seed.stripe_history(utcnow())
     rejected(seed)

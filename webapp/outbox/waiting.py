@@ -1,5 +1,6 @@
 """Events that cannot be sent yet, kept out of the claim's way: those of a tenant without a
-Stripe customer, and those of a meter Stripe does not have (active).
+Stripe customer, and those of a meter Stripe does not have (active), or has pre-aggregated
+(kept ``pre_aggregated``, not ``active``: see :mod:`webapp.outbox.meters`).
 
 Such an event is due, but no claim takes it: it sits in ``ix_outbox_claimable`` in order of
 ``next_attempt_at``, oldest first. Every claim, and the status line's sample of due events,
@@ -41,6 +42,8 @@ BATCH = 10_000
 #: The event's tenant has a Stripe customer.
 MAPPED = exists().where(TENANTS.c.tenant_id == T.c.tenant_id,
                         TENANTS.c.stripe_customer_id.is_not(None))
+#: The event's meter may be sent to: kept ``active`` (a pre-aggregated one is kept
+#: ``pre_aggregated``), as :func:`webapp.outbox.meters.active_meters` picks them in Python.
 _ACTIVE_METER = T.c.meter.in_(select(STRIPE_METERS.c.event_name)
                               .where(STRIPE_METERS.c.status == sql_str("active")))
 #: Never claimed (a claim fixes the customer on the row), still pending.
@@ -90,7 +93,8 @@ def undefer_sendable(conn: Connection, *, now: datetime, listed: bool | None = N
 
 def waits_for(conn: Connection, event: dict[str, Any]) -> str | None:
     """What a pending, never-claimed event waits for before it can be sent: ``"customer"``
-    (its tenant has none), ``"meter"`` (Stripe does not have its meter, active), or None."""
+    (its tenant has none), ``"meter"`` (Stripe does not have its meter, active, or has it
+    pre-aggregated: the meter's own row says which), or None."""
     if event["status"] != "pending" or event.get("stripe_customer_id"):
         return None
     row = conn.execute(select(MAPPED.label("mapped"), _ACTIVE_METER.label("active"))

@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import Engine, select
 
 from ..db import reading
+from ..outbox.meters import MeterInfo, known_meter
 from ..outbox.sql import ATTEMPTS, AUDIT, AUDIT_EVENTS, TENANTS, T, row_dict
 from ..outbox.waiting import waits_for
 from .stripe_side import samples_for_event
@@ -25,6 +26,9 @@ class EventDetail:
     #: What a pending event waits for before it can be sent: "customer", "meter" or None
     #: (:func:`webapp.outbox.waiting.waits_for`).
     waits: str | None = None
+    #: The meter it waits for, as last listed (None when Stripe never listed it): why it
+    #: cannot be sent to (inactive, pre-aggregated).
+    meter: MeterInfo | None = None
 
 
 def event_detail(engine: Engine, event_id: int) -> EventDetail | None:
@@ -44,5 +48,6 @@ def event_detail(engine: Engine, event_id: int) -> EventDetail | None:
         samples = samples_for_event(conn, event_id)
         event = row_dict(row)
         waits = waits_for(conn, event)
+        meter = known_meter(conn, event["meter"]) if waits == "meter" else None
     return EventDetail(event, attempts, audit, row_dict(tenant) if tenant else None,
-                       samples, waits)
+                       samples, waits, meter)

@@ -31,10 +31,11 @@ from sqlalchemy import Connection, false, func, or_, select
 
 from ..outbox import sync
 from ..outbox.control import pause_state
-from ..outbox.meters import active_meters
+from ..outbox.meters import active_meters, known_meter
 from ..outbox.sql import CLAIMABLE_SQL, TENANTS, T, as_utc, status_is
 from ..outbox.sql import HEARTBEATS as H
 from ..outbox.waiting import DEFER_FOR, MAPPED, UNCLAIMED
+from .words import pre_aggregated_words
 
 #: Nothing sent for this long while events are due: stalled.
 STALLED_AFTER = timedelta(minutes=5)
@@ -156,9 +157,15 @@ def health(conn: Connection, *, now: datetime, api_key_here: bool) -> Health:
         meter, n = max(by_meter.items(), key=lambda kv: kv[1])
         others = len(by_meter) - 1
         verb = "waits" if n == 1 and not more else "wait"
-        missing = (f"{_count(n, more)} {verb} for the meter “{meter}”, which Stripe does "
-                   "not have (active)" + (f", and {others} other meter(s)" if others else "")
-                   + ".")
+        info = known_meter(conn, meter)
+        if info is not None and info.pre_aggregated:
+            missing = (f"{_count(n, more)} {verb} for the meter “{meter}”, which is "
+                       + pre_aggregated_words(info.event_time_window, lower=True)
+                       + (f" Events of {others} other meter(s) wait too." if others else ""))
+        else:
+            missing = (f"{_count(n, more)} {verb} for the meter “{meter}”, which Stripe does "
+                       "not have (active)" + (f", and {others} other meter(s)" if others else "")
+                       + ".")
     quiet = last_sent is None or now - last_sent >= STALLED_AFTER
     if (due.oldest_sendable is not None and now - due.oldest_sendable >= STALLED_AFTER
             and quiet):

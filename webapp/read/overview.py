@@ -25,6 +25,7 @@ from .counts import (
 from .reconciliation import RunSummary, last_run
 from .series import DEFAULT_RANGE, RANGES, Bucket, Range, sent_by_time_sent, sent_series
 from .stripe_side import WaitingForMeter, waiting_for_meters
+from .words import pre_aggregated_words
 
 OLDEST_PENDING_ALERT = timedelta(minutes=15)
 
@@ -189,6 +190,7 @@ def _alerts(ov: Overview, stripe_mode: str, oldest_alert: timedelta) -> list[Ale
                             "Requeue or resolve them", "rejected.index"))
     for w in ov.waiting_for_meters:
         alerts.append(Alert("critical", f"{w.events:,} events wait for meter {w.meter}",
+                            pre_aggregated_words(w.window) if w.window else
                             f"Stripe has no active meter named {w.meter!r} ({w.status}): "
                             "create or reactivate it in Stripe; they go out once it exists.",
                             EVENTS, {"meter": w.meter, "status": ["pending", "retrying"]},

@@ -17,16 +17,18 @@ from ..outbox.sync import SyncStatus
 
 @dataclass(frozen=True)
 class WaitingForMeter:
-    """Events that wait because Stripe has no active meter for their event name."""
+    """Events that wait because Stripe has no meter for their event name they may be sent
+    to: none, an inactive one, or a pre-aggregated one (``window``: Stripe's time window)."""
 
     meter: str
-    status: str          # missing | inactive | unknown (meters never read)
+    status: str          # missing | inactive | pre_aggregated
     events: int
+    window: str | None = None
 
 
 def waiting_for_meters(conn: Connection) -> list[WaitingForMeter]:
-    """Event names with events waiting whose meter is not active at Stripe (none before the
-    meters were ever read: then nothing can be said)."""
+    """Event names with events waiting whose meter may not be sent to (missing, inactive or
+    pre-aggregated; none before the meters were ever read: then nothing can be said)."""
     if sync.sync_status(conn, sync.METERS).ran_at is None:
         return []
     meters = known_meters(conn)
@@ -36,8 +38,9 @@ def waiting_for_meters(conn: Connection) -> list[WaitingForMeter]:
     out = []
     for meter, n in rows:
         m = meters.get(meter)
-        if m is None or m.status != ACTIVE:
-            out.append(WaitingForMeter(meter, "missing" if m is None else m.status, int(n)))
+        if m is None or not m.active:
+            out.append(WaitingForMeter(meter, "missing" if m is None else m.status, int(n),
+                                       None if m is None else m.event_time_window))
     return sorted(out, key=lambda w: -w.events)
 
 

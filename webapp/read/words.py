@@ -1,6 +1,7 @@
 """Plain words for the codes the dashboard shows: one line for each event state and each call
-outcome, written for finance and support staff. The one place these sentences live; the
-templates reach them through the ``state_words`` and ``outcome_words`` filters."""
+outcome, and why a pre-aggregated meter's events wait, written for finance and support staff.
+The one place these sentences live; the templates reach them through the ``state_words``,
+``outcome_words`` and ``pre_aggregated_words`` filters."""
 
 from __future__ import annotations
 
@@ -51,3 +52,15 @@ def outcome_words(outcome: str | None, http_status: int | None = None) -> str:
     if is_duplicate(outcome, http_status):
         return DUPLICATE_WORDS
     return OUTCOME_WORDS.get(outcome or "", "")
+
+
+def pre_aggregated_words(window: str | None, *, lower: bool = False) -> str:
+    """Why the events of a pre-aggregated meter (Stripe's ``event_time_window``, ``day`` or
+    ``hour``) are not sent and what sends them, in plain words: "Pre-aggregated (one value
+    per day): …". ``lower``: beginning in lower case, to follow "which is"."""
+    per = window or "time window"
+    words = (f"Pre-aggregated (one value per {per}): Stripe would keep only the last event of "
+             f"each {per}, so its events are not sent. They go out once Stripe has a meter "
+             "without a time window for their event name (a meter's window cannot be changed: "
+             "it takes a new meter).")
+    return "p" + words[1:] if lower else words

@@ -241,7 +241,9 @@ def _meter(m: dict[str, Any]) -> MeterInfo:
                      customer_key=str(mapping.get("event_payload_key") or DEFAULT_CUSTOMER_KEY),
                      value_key=str(value.get("event_payload_key") or DEFAULT_VALUE_KEY),
                      formula=str(aggregation.get("formula") or "sum"),
-                     display_name=_text(m.get("display_name")))
+                     display_name=_text(m.get("display_name")),
+                     # ``day`` or ``hour`` on a pre-aggregated meter; null on an ordinary one.
+                     event_time_window=_text(m.get("event_time_window")) or None)
 
 
 def _rfc3339(value: datetime) -> str:

@@ -1,6 +1,7 @@
 """Stripe's meters, for the drainer: read them from Stripe (every page) at start, on a
 schedule and whenever Stripe says one is missing (:class:`MeterRefresher`); hand the drainer
-the active ones and their payload keys (:class:`MeterCatalog`)."""
+the active ones and their payload keys (:class:`MeterCatalog`): never a pre-aggregated one
+(:data:`webapp.outbox.meters.PRE_AGGREGATED`)."""
 
 from __future__ import annotations
 
@@ -57,8 +58,11 @@ class MeterRefresher:
         stored = meters.store_meters(self.engine, listed, now=now)
         refused = (f", {len(stored.refused)} refused: " + "; ".join(stored.refused)
                    if stored.refused else "")
+        held = (f", {stored.pre_aggregated} pre-aggregated (not sent to)"
+                if stored.pre_aggregated else "")
         sync.record_run(self.engine, sync.METERS, ok=True, now=now,
-                        detail=f"{len(listed)} meters listed, {stored.active} active{refused}")
+                        detail=f"{len(listed)} meters listed, {stored.active} active{held}"
+                        f"{refused}")
         return stored.active
 
 

@@ -55,9 +55,13 @@ class BillingMixin:
     def add_meter(self, event_name: str, *, customer_key: str = "stripe_customer_id",
                   value_key: str = "value", formula: str = "sum",
                   status: str = "active", meter_id: str | None = None,
-                  display_name: str | None = None) -> str:
+                  display_name: str | None = None,
+                  event_time_window: str | None = None) -> str:
         """Create (or replace) the meter of ``event_name``; its id (``meter_id`` when given:
-        any text, however long, as a poisoned listing would carry)."""
+        any text, however long, as a poisoned listing would carry). ``event_time_window``
+        (``day`` or ``hour``) makes it pre-aggregated. Stripe cannot change a meter but for
+        its display name: an event name's meter changes its window by being replaced, as
+        here (a new id)."""
         with self._lock:
             self._meter_seq += 1
             meter = FakeMeter(id=meter_id or f"mtr_fake{self._meter_seq:06d}",
@@ -65,7 +69,7 @@ class BillingMixin:
                               customer_key=customer_key, value_key=value_key, formula=formula,
                               display_name=(event_name.replace("_", " ") if display_name is None
                                             else display_name),
-                              created=self._meter_seq)
+                              created=self._meter_seq, event_time_window=event_time_window)
             self._meters[event_name] = meter
             return meter.id
 
@@ -116,7 +120,8 @@ class BillingMixin:
                                      "type": "by_id"},
                 "value_settings": {"event_payload_key": m.value_key},
                 "default_aggregation": {"formula": m.formula},
-                "event_time_window": None, "livemode": False, "created": m.created,
+                "event_time_window": m.event_time_window, "livemode": False,
+                "created": m.created,
                 "updated": m.created, "status_transitions": {"deactivated_at": None}}
 
     # -- GET /v1/billing/meters/{id}/event_summaries --------------------------------------

@@ -526,7 +526,9 @@ class FakeStripe(FaultsMixin, MeterEventsMixin, StreamMixin, BillingMixin, Custo
             elif name == "reset":
                 self.reset()
             elif name == "meters":
-                self.add_meter(str(args["event_name"]))
+                window = args.get("event_time_window")
+                self.add_meter(str(args["event_name"]),
+                               event_time_window=None if window is None else str(window))
             elif name == "auth_failure":
                 self.set_auth_failure(args.get("status"))
             elif name == "customers":

@@ -64,6 +64,9 @@ class FakeMeter:
     formula: str = "sum"
     display_name: str = ""
     created: int = 0
+    #: ``day`` or ``hour``: pre-aggregated (Stripe keeps one value per customer and window,
+    #: the last one sent); None: every event counts.
+    event_time_window: str | None = None
 
 
 @dataclass(frozen=True)
