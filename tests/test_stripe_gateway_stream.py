@@ -173,7 +173,7 @@ def test_a_400_naming_an_event_makes_only_that_one_permanent(
 def test_a_400_naming_no_event_is_unconfirmed_and_halving_finds_the_bad_one(
         fake: FakeStripe, gateway: StripeGateway) -> None:
     batch = events(10)
-    fake.stream_names_event = False
+    fake.stream_message_names_event = False
     fake.fail_for("ev-6", "400")
     first = gateway.send_batch(batch)
     assert first.unconfirmed and first.refusal is not None
@@ -191,7 +191,7 @@ def test_a_400_naming_no_event_is_unconfirmed_and_halving_finds_the_bad_one(
 def test_halving_stops_at_its_bound_and_stays_unconfirmed(
         fake: FakeStripe, gateway: StripeGateway) -> None:
     batch = events(8)
-    fake.stream_names_event = False
+    fake.stream_message_names_event = False
     fake.fail_for("ev-0", "400")
     first = gateway.send_batch(batch)
     found = split_refused(gateway.send_batch, batch, first, max_requests=2)
@@ -202,7 +202,7 @@ def test_halving_stops_at_its_bound_and_stays_unconfirmed(
 
 def test_halving_stops_on_a_systemic_answer(fake: FakeStripe, gateway: StripeGateway) -> None:
     batch = events(4)
-    fake.stream_names_event = False
+    fake.stream_message_names_event = False
     fake.fail_for("ev-3", "400")
     first = gateway.send_batch(batch)
 
@@ -271,8 +271,9 @@ def test_a_check_failed_after_the_200_is_reported_where_the_poller_reads_it(
     old = events(1, "old", customer="cus_known",
                  at=datetime.now(UTC) - timedelta(days=36))
     stranger = events(1, "who", customer="cus_stranger")
-    result = gateway.send_batch(good + old + stranger)
+    result = gateway.send_batch(good + old + stranger, "bo-stream-one")
     assert outcomes(result) == [Outcome.DELIVERED] * 3
+    assert result.keys == ("bo-stream-one",) * 3
     since = datetime.now(UTC) - timedelta(minutes=5)
     assert fake.flush_reports()
     from webapp.outbox.rejections import REPORT_TYPES
@@ -280,10 +281,33 @@ def test_a_check_failed_after_the_200_is_reported_where_the_poller_reads_it(
     listed = list(gateway.list_events(REPORT_TYPES, created_gte=since))
     assert len(listed) == 1
     report = gateway.retrieve_event(listed[0].id)
-    named = {s.identifier: s.code for s in report.samples}
-    assert named == {"old-0": "timestamp_too_far_in_past",
-                     "who-0": "meter_event_customer_not_found"}
+    # The samples name the request's idempotency key, as the SDK documents them.
+    named = sorted((s.identifier, s.code) for s in report.samples)
+    assert named == [("bo-stream-one", "meter_event_customer_not_found"),
+                     ("bo-stream-one", "timestamp_too_far_in_past")]
     assert report.meter_id and report.error_count == 2
+    fake.stream_samples_name = "identifier"  # as Stripe's example shows them
+    gateway.send_batch(events(1, "who2", customer="cus_stranger"))
+    fake.flush_reports()
+    latest = gateway.retrieve_event(list(gateway.list_events(
+        REPORT_TYPES, created_gte=since))[-1].id)
+    assert [s.identifier for s in latest.samples] == ["who2-0"]
+
+
+def test_every_stream_request_carries_a_key_of_its_own_even_when_resent(
+        fake: FakeStripe, gateway: StripeGateway) -> None:
+    """Each request a key of its own: given, or made; a resend after an expired session is
+    a new request with a new key, and the result names the key that carried the events."""
+    first = gateway.send_batch(events(2, "k"))
+    second = gateway.send_batch(events(2, "l"), "bo-stream-given")
+    fake.expire_stream_tokens()
+    third = gateway.send_batch(events(1, "m"), "bo-stream-expired")
+    keys = [e["idempotency_key"] for e in fake.stream_log()]
+    assert keys[1] == "bo-stream-given" and keys[2] == "bo-stream-expired"
+    assert len(set(keys)) == len(keys) == 4
+    assert all(k.startswith("bo-stream-") for k in keys)
+    assert first.keys == (keys[0],) * 2 and second.keys == ("bo-stream-given",) * 2
+    assert third.resent_after_expiry == 1 and third.keys == (keys[3],)
 
 
 def test_a_session_that_expires_again_at_once_leaves_the_events_not_executed(

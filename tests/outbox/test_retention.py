@@ -315,3 +315,24 @@ def test_whole_months_read_the_monthly_rollup_and_agree_with_the_rows(engine, se
                  (d(2026, 2, 27), d(2026, 6, 3))):
         assert _usage(engine, a, b) == _expected(rows, {}, a, b), (a, b)
     _monthly_matches_daily(engine)
+
+
+def test_stream_request_records_go_once_past_retention(engine) -> None:
+    """What ties a stream request's key to its events is kept while Stripe may still report
+    on it, and goes with the rows past retention."""
+    from webapp.models import StreamRequest
+
+    now = utcnow()
+    table = StreamRequest.__table__
+    with engine.begin() as conn:
+        conn.execute(table.insert(), [
+            dict(idempotency_key="bo-stream-old", sent_at=now - timedelta(days=RETENTION + 1),
+                 event_ids="1:00000000", events=1, stripe_request_id=None),
+            dict(idempotency_key="bo-stream-new", sent_at=now - timedelta(days=RETENTION - 1),
+                 event_ids="2:00000000", events=1, stripe_request_id=None)])
+    assert prune(engine, now=now, retention_days=RETENTION, dry_run=True).stream_requests == 0
+    with engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(table)).scalar_one() == 2
+    assert prune(engine, now=now, retention_days=RETENTION).stream_requests == 1
+    with engine.connect() as conn:
+        assert list(conn.execute(select(table.c.idempotency_key)).scalars()) == ["bo-stream-new"]

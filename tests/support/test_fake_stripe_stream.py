@@ -112,22 +112,31 @@ def test_an_expired_token_raises_the_sdks_session_expired_error(fake: FakeStripe
 ])
 def test_a_malformed_request_is_a_400_naming_the_event_and_applies_nothing(
         fake: FakeStripe, events: list[Any], param: str) -> None:
+    """As Stripe's v2 errors: no ``param``; the message names the event (or, switched, a
+    ``param`` does)."""
     resp = stream(fake, token(fake), events)
     assert resp.status_code == 400
     err = resp.json()["error"]
-    assert (err["type"], err["param"]) == ("invalid_request_error", param)
+    if param.startswith("events["):
+        assert err["type"] == "invalid_request_error" and "param" not in err
+        assert err["message"].startswith(f"{param}: ")
+    else:  # about the request as a whole
+        assert err["param"] == param
+    fake.stream_names_event = True
+    err = stream(fake, token(fake), events).json()["error"]
+    assert err["param"] == param
     assert fake.accept_count() == 0
 
 
 def test_the_400_may_name_no_event(fake: FakeStripe) -> None:
-    fake.stream_names_event = False
+    fake.stream_message_names_event = False
     resp = stream(fake, token(fake), [event("a"), event("b", timestamp="soon")])
     assert resp.status_code == 400 and "param" not in resp.json()["error"]
     fake.fail_for("a", "400")
     assert "param" not in stream(fake, token(fake), [event("a")]).json()["error"]
 
 
-def test_the_sdk_reads_the_named_event_from_param(fake: FakeStripe) -> None:
+def test_the_sdk_carries_the_named_event_in_the_message_or_a_param(fake: FakeStripe) -> None:
     client = sdk(fake)
     tok = client.v2.billing.meter_event_session.create().authentication_token
     fake.fail_for("b", "400")
@@ -135,7 +144,16 @@ def test_the_sdk_reads_the_named_event_from_param(fake: FakeStripe) -> None:
         client.v2.billing.meter_event_stream.create(
             params={"events": [event("a"), event("b")]},  # type: ignore[list-item]
             options={"api_key": tok})
-    assert info.value.http_status == 400 and info.value.param == "events[1].payload"
+    assert info.value.http_status == 400 and info.value.param is None
+    assert info.value.user_message is None or "events[1]" in str(info.value)
+    assert "events[1].payload" in str(info.value.error.message)  # type: ignore[union-attr]
+    fake.stream_names_event = True
+    fake.fail_for("b", "400")
+    with pytest.raises(stripe.InvalidRequestError) as info:
+        client.v2.billing.meter_event_stream.create(
+            params={"events": [event("a"), event("b")]},  # type: ignore[list-item]
+            options={"api_key": tok})
+    assert info.value.param == "events[1].payload"
 
 
 def test_the_checks_after_the_200_become_error_reports(fake: FakeStripe) -> None:
@@ -239,9 +257,12 @@ def test_control_endpoint_expires_tokens_and_state_counts_streams(fake: FakeStri
 
 def test_reset_keeps_issued_tokens_and_restores_the_switches(fake: FakeStripe) -> None:
     tok = token(fake)
-    fake.stream_names_event = False
+    fake.stream_names_event = True
+    fake.stream_message_names_event = False
+    fake.stream_samples_name = "identifier"
     fake.stream_token_seconds = 0
     fake.reset()
-    assert (fake.stream_names_event, fake.stream_token_seconds) == (True, 15 * 60)
+    assert (fake.stream_names_event, fake.stream_message_names_event, fake.stream_samples_name,
+            fake.stream_token_seconds) == (False, True, "request", 15 * 60)
     assert stream(fake, tok, [event("a")]).status_code == 200
     assert (fake.stream_calls(), fake.stream_sessions()) == (1, 0)

@@ -16,11 +16,12 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Engine, select, update
+from sqlalchemy.orm import Session
 from support.fake_stripe import FakeStripe
 
 from webapp.config import Settings
 from webapp.models import DeliveryAttempt, OutboxEvent, utcnow
-from webapp.outbox import claims, control, operations
+from webapp.outbox import claims, control, enqueue_usage, operations
 from webapp.outbox.states import DEAD_PAST_WINDOW
 from webapp.worker import Drainer
 from webapp.worker.breaker import CircuitBreaker
@@ -177,12 +178,17 @@ def test_429_409_503_are_not_executed_and_not_counted(
 
 # -- refused --------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("names_event", [True, False], ids=["named", "found-by-halving"])
+@pytest.mark.parametrize("named", ["param", "message", "nowhere"],
+                         ids=["named-in-param", "named-in-message", "found-by-halving"])
 def test_400_dead_letters_only_the_refused_event_the_rest_are_sent(
-        engine: Engine, fake_stripe: FakeStripe, drainer: Drainer, names_event: bool) -> None:
+        engine: Engine, fake_stripe: FakeStripe, drainer: Drainer, named: str) -> None:
+    """Stripe's v2 errors carry no ``param``: the event at fault is read from the message
+    when it names ``events[i]``, and found by halving when nothing names it."""
     ids = enqueue_many(engine, 10, "bad")
-    fake_stripe.stream_names_event = names_event
+    fake_stripe.stream_names_event = named == "param"
+    fake_stripe.stream_message_names_event = named == "message"
     fake_stripe.fail_for("bad-7", "400")
+    before = fake_stripe.stream_calls()
     drain_all(drainer, engine, [i for i in ids if i != ids[7]])
     r = row(engine, ids[7])
     assert (r["status"], r["last_outcome"], r["last_http_status"]) == ("dead", "permanent", 400)
@@ -193,6 +199,9 @@ def test_400_dead_letters_only_the_refused_event_the_rest_are_sent(
         if i != 7:  # resent untouched: one attempt each, the delivery
             assert [a["outcome"] for a in by_event[eid]] == ["delivered"]
             assert row(engine, eid)["attempt_count"] == 1
+    # Named: the refused request and the other nine again; found by halving: more requests.
+    requests = fake_stripe.stream_calls() - before
+    assert requests == 2 if named != "nowhere" else requests > 2
 
 
 # -- systemic -------------------------------------------------------------------------------------
@@ -330,6 +339,8 @@ def test_a_400_saying_the_meter_is_missing_holds_the_event_and_releases_the_rest
     ids = enqueue_many(engine, 4, "nometer")
     before = snapshot(engine)
     fake_stripe.fail_for("nometer-2", "400")
+    fake_stripe.stream_names_event = True  # the event at fault in a param: the poison below
+    # replaces the message that would name it
     fake_stripe.poison(message=f"No such meter: no active meter has event_name '{METER}'.")
     summary = drainer.drain_once()
     assert (summary.claimed, summary.sent, summary.dead) == (4, 0, 0)
@@ -337,3 +348,34 @@ def test_a_400_saying_the_meter_is_missing_holds_the_event_and_releases_the_rest
     assert [a["outcome"] for a in attempts_by_event(engine)[ids[2]]] == ["meter_missing"]
     assert all(eid not in attempts_by_event(engine) for eid in ids if eid != ids[2])
     assert drainer.meters is not None and METER not in drainer.meters.active()
+
+
+# -- the sandbox's rate -----------------------------------------------------------------------
+
+def test_a_sandbox_key_keeps_stream_requests_within_25_a_second(
+        db_url: str, engine: Engine, fake_stripe: FakeStripe) -> None:
+    """In a sandbox stream requests count against the basic 25 requests/s: with an
+    ``sk_test_`` key and nothing set by hand, a backlog of 30 lanes (a request each, sent 8 at
+    a time) goes out at no more than 25 requests in any second."""
+    settings = Settings.from_env({
+        "DATABASE_URL": db_url, "STRIPE_API_KEY": "sk_test_sandbox_rate_0123456789",
+        "STRIPE_API_BASE": fake_stripe.base_url,
+        "STRIPE_METER_EVENTS_BASE": fake_stripe.meter_events_url,
+        "STRIPE_METER_EVENT_API": "v2_stream", "OUTBOX_CONCURRENCY": "8"}, testing=True)
+    assert settings.stripe_max_requests_per_second <= 25
+    for i in range(30):
+        operations.set_tenant(engine, f"lane{i}", stripe_customer_id=f"cus_lane{i}", name=None,
+                              now=utcnow())
+    with Session(engine) as db, db.begin():
+        ids = [int(enqueue_usage(db, tenant_id=f"lane{lane}", quantity=1,
+                                 idempotency_key=f"rate-{lane}-{n}").id)
+               for lane in range(30) for n in range(60)]
+    drainer = Drainer(engine, settings)
+    try:
+        drain_all(drainer, engine, ids)
+    finally:
+        drainer.close()
+    started = sorted(e["started"] for e in fake_stripe.stream_log())
+    assert len(started) >= 30
+    busiest = max(sum(1 for t in started if s <= t < s + 1.0) for s in started)
+    assert busiest <= 25, busiest

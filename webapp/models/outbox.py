@@ -107,6 +107,11 @@ class OutboxEvent(Base):
     reject_code: Mapped[str | None] = mapped_column(String(100))
     reject_message: Mapped[str | None] = mapped_column(Text)
     reject_event_id: Mapped[str | None] = mapped_column(String(255))
+    # How the rejection was traced to this event (migration 0018): ``sample`` (a sample named
+    # its identifier), ``request`` (a sample named the stream request that carried it, and
+    # the rest of what Stripe said singled it out), ``customer`` (Stripe said its customer
+    # does not exist, asked when a report counted refusals for missing customers).
+    reject_found_by: Mapped[str | None] = mapped_column(String(20))
     cancelled_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     cancelled_by: Mapped[str | None] = mapped_column(String(255))
     cancel_reason: Mapped[str | None] = mapped_column(String(40))

@@ -109,6 +109,22 @@ class StreamRequest(Base):
     events: Mapped[int] = mapped_column(Integer)
 
 
+class StripeCustomerCheck(Base):
+    """What Stripe last said of one customer (``GET /v1/customers/{id}``, migration 0018):
+    ``active``, ``deleted`` or ``missing`` (Stripe has no such customer). Kept so that every
+    process asks Stripe about a customer at most once per ``STRIPE_METERS_REFRESH_SECONDS``:
+    before a mapping, and when an error report says a customer was not found."""
+
+    __tablename__ = "stripe_customer_checks"
+
+    customer_id: Mapped[str] = mapped_column(String(255), primary_key=True)
+    state: Mapped[str] = mapped_column(String(20))
+    name: Mapped[str | None] = mapped_column(String(255))
+    checked_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    #: Stripe's request id of the answer, to quote to Stripe.
+    request_id: Mapped[str | None] = mapped_column(String(255))
+
+
 class ReconciliationRun(Base):
     """One comparison of the units sent with Stripe's meter event summaries."""
 

@@ -213,7 +213,8 @@ def _requeue_rejected(conn: Connection, rows: list[Any], now: datetime) -> int:
             key_generation=0, next_attempt_at=now, stripe_customer_id=None,
             first_attempt_at=None, first_unknown_at=None, sent_at=None, rejected_at=None,
             reject_code=None, reject_message=None, reject_event_id=None,
-            claim_token=None, processing_deadline_at=None, updated_at=now))
+            reject_found_by=None, claim_token=None, processing_deadline_at=None,
+            updated_at=now))
         changed += done.rowcount
     return changed
 

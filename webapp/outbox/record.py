@@ -14,7 +14,7 @@ from sqlalchemy import update as sa_update
 
 from ..models import fit
 from .claims import Claim, ClaimedEvent, held, release_claimed
-from .sql import ATTEMPTS, T
+from .sql import ATTEMPTS, STREAM_REQUESTS, T
 from .states import (
     COUNTED,
     RELEASING,
@@ -26,15 +26,19 @@ from .states import (
     idempotency_key,
     transition,
 )
+from .tracing import identifier_tag
 
 
 class AttemptRecord(NamedTuple):
-    """One call made under a claim, with its classified result."""
+    """One call made under a claim, with its classified result. ``request_key``: the
+    ``Idempotency-Key`` of the meter event stream request that carried the event (None for a
+    v1 call, whose key follows from the event)."""
 
     event: ClaimedEvent
     result: CallResult
     attempted_at: datetime
     duration_ms: int
+    request_key: str | None = None
 
 
 @dataclass
@@ -98,7 +102,32 @@ def record_outcomes(engine: Engine, claim: Claim, attempts: Sequence[AttemptReco
         if attempts:
             insert_attempts(conn, [_attempt_row(claim, a, a.event.id in applied_ids)
                                    for a in attempts])
+            requests = stream_requests(attempts)
+            if requests:
+                conn.execute(insert(STREAM_REQUESTS), requests)
     return summary
+
+
+#: What a stream request's outcome may leave at Stripe: its events (a 200), or perhaps its
+#: events (a timeout, a 5xx). A request refused whole, or never answered, applied none.
+_MAY_HAVE_LANDED = (Outcome.DELIVERED, Outcome.UNKNOWN)
+
+
+def stream_requests(attempts: Sequence[AttemptRecord]) -> list[dict[str, object]]:
+    """The rows of ``stripe_stream_requests`` for the stream requests among ``attempts`` that
+    may have left their events at Stripe: one per request key, listing its events as
+    ``<id>:<tag>`` (:func:`identifier_tag`) in the request's order. Attempts whose outcome
+    was not applied (the claim had been taken over) count too: the request went out."""
+    by_key: dict[str, list[AttemptRecord]] = {}
+    for a in attempts:
+        if a.request_key is not None and a.result.outcome in _MAY_HAVE_LANDED:
+            by_key.setdefault(a.request_key, []).append(a)
+    return [dict(idempotency_key=key, stripe_request_id=fit(STREAM_REQUESTS.c.stripe_request_id,
+                                                            group[0].result.request_id),
+                 sent_at=group[0].attempted_at, events=len(group),
+                 event_ids=",".join(f"{a.event.id}:{identifier_tag(a.event.identifier)}"
+                                    for a in group))
+            for key, group in by_key.items()]
 
 
 def _mark_sent(conn: Connection, claim: Claim, ids: list[int], now: datetime) -> set[int]:
@@ -172,7 +201,7 @@ def insert_attempts(conn: Connection, rows: list[tuple[object, ...]]) -> None:
 def _attempt_row(claim: Claim, a: AttemptRecord, applied: bool) -> tuple[object, ...]:
     ev, r = a.event, a.result
     return (ev.id, a.attempted_at, a.duration_ms, claim.worker, claim.token,
-            idempotency_key(ev.identifier, ev.key_generation), r.outcome.value,
+            a.request_key or idempotency_key(ev.identifier, ev.key_generation), r.outcome.value,
             r.outcome in COUNTED, fit(A.http_status, r.http_status),
             fit(A.stripe_request_id, r.request_id), fit(A.error_class, r.error_class),
             fit(A.error_code, r.error_code), fit(A.error_message, r.message), applied)

@@ -4,15 +4,18 @@ A 200 from Stripe means accepted, not billed: Stripe validates meter events agai
 reports failures as events (``v1.billing.meter.error_report_triggered``,
 ``v1.billing.meter.no_meter_found``), each with *sample* errors — ``error_count`` may be larger
 than the samples listed; reconciliation finds the rest. A sample names the event by
-``request.identifier`` (the identifier, or the idempotency key with its retry suffix): a
-``sent`` event it names becomes ``rejected`` with Stripe's code and message. Samples that name
-an event still in flight wait and are applied once it is sent; samples that name nothing of
-ours are kept and shown, never dropped.
+``request.identifier``: the identifier, or the idempotency key with its retry suffix, or the
+``Idempotency-Key`` of the stream request that carried it (:mod:`.tracing` says which of that
+request's events it singles out). A ``sent`` event it names becomes ``rejected`` with Stripe's
+code and message, and how it was found. Samples that name an event still in flight wait and
+are applied once it is sent; a sample naming a stream request that singles out none of its
+events is kept as ``ambiguous`` and shown with the events it may be about; samples that name
+nothing of ours are kept and shown, never dropped.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -21,19 +24,31 @@ from sqlalchemy import Connection, Engine, insert, select
 from sqlalchemy import update as sa_update
 
 from ..models import fit, fit_key
+from .customers import CustomerCheck
 from .rollups import lock_sent_mark, unfold_sent
-from .sql import ERROR_SAMPLES, SENT_AS, STRIPE_EVENTS, T, as_utc, insert_for
+from .sql import ERROR_SAMPLES, SENT_AS, STRIPE_EVENTS, STRIPE_METERS, T, as_utc, insert_for
 from .states import Move, Status, allowed, identifier_of
+from .tracing import (
+    BY_REQUEST,
+    BY_SAMPLE,
+    CUSTOMER_NOT_FOUND,
+    METER_CODES,
+    StreamRequestRecord,
+    Traced,
+    customers_in_question,
+    requests_named,
+    single_out,
+)
 
 ERROR_REPORT = "v1.billing.meter.error_report_triggered"
 NO_METER_FOUND = "v1.billing.meter.no_meter_found"
 #: The event types the outbox reads; others are acknowledged and ignored.
 REPORT_TYPES = (ERROR_REPORT, NO_METER_FOUND)
-#: Stripe's codes that mean the meter itself is missing: the meter list is read again.
-METER_CODES = frozenset({"no_meter", "archived_meter"})
-
-REJECTED, WAITING, ALREADY, STALE, UNMATCHED = (
-    "rejected", "waiting", "already", "stale", "unmatched")
+REJECTED, WAITING, ALREADY, STALE, UNMATCHED, AMBIGUOUS = (
+    "rejected", "waiting", "already", "stale", "unmatched", "ambiguous")
+#: No customer lookups for a report after this many (a report of a huge request set is
+#: traced by samples and reconciliation; asking is bounded per report).
+MAX_CUSTOMERS_PER_REPORT = 500
 _IN_FLIGHT = (Status.PENDING.value, Status.PROCESSING.value, Status.RETRYING.value)
 
 
@@ -74,6 +89,8 @@ class Applied:
     rejected: int = 0
     unmatched: int = 0
     waiting: int = 0
+    #: Samples naming a stream request that singled out none of its events.
+    ambiguous: int = 0
     event_ids: list[int] = field(default_factory=list)
 
 
@@ -120,15 +137,38 @@ def _fitted(report: StripeReport) -> StripeReport:
                    body=fit(STRIPE_EVENTS.c.body, report.body), samples=samples)
 
 
-def store_report(engine: Engine, report: StripeReport, *, source: str,
-                 now: datetime) -> Applied:
+def customers_to_ask(conn: Connection, reports: Sequence[StripeReport]) -> set[str]:
+    """The customers Stripe should be asked about before these reports are applied: those of
+    the events carried by the stream requests that ``meter_event_customer_not_found`` samples
+    name (of the report's meter), at most ``MAX_CUSTOMERS_PER_REPORT`` per report. A read."""
+    out: set[str] = set()
+    for report in reports:
+        asked = [s for s in report.samples if s.code == CUSTOMER_NOT_FOUND and s.identifier]
+        requests = requests_named(conn, [s.identifier or "" for s in asked])
+        if not requests:
+            continue
+        events = _events_by_id(conn, {c.event_id for r in requests.values() for c in r.events})
+        meter = _meter_names(conn, [report.meter_id]).get(report.meter_id or "")
+        found: set[str] = set()
+        for s in asked:
+            request = requests.get(s.identifier or "")
+            if request is not None:
+                found |= customers_in_question(s.message, request, events, meter)
+        out |= set(sorted(found)[:MAX_CUSTOMERS_PER_REPORT])
+    return out
+
+
+def store_report(engine: Engine, report: StripeReport, *, source: str, now: datetime,
+                 customers: Mapping[str, CustomerCheck] | None = None) -> Applied:
     """Store ``report`` once by its id and apply its samples, in one transaction. A report
-    already stored changes nothing (``stored`` False)."""
-    return store_reports(engine, [report], source=source, now=now)[0]
+    already stored changes nothing (``stored`` False). ``customers``: Stripe's answers about
+    the customers :func:`customers_to_ask` named."""
+    return store_reports(engine, [report], source=source, now=now, customers=customers)[0]
 
 
 def store_reports(engine: Engine, reports: Sequence[StripeReport], *, source: str,
-                  now: datetime) -> list[Applied]:
+                  now: datetime, customers: Mapping[str, CustomerCheck] | None = None
+                  ) -> list[Applied]:
     """Store and apply several reports in one transaction, in their order (a poll's chunk):
     what each did. All of them or none: a failure leaves every one to the next poll."""
     with engine.begin() as conn:
@@ -146,12 +186,15 @@ def store_reports(engine: Engine, reports: Sequence[StripeReport], *, source: st
             if row is not None and report.samples:
                 fresh.append((report, applied[-1]))
         if fresh:
-            outcomes = _apply(conn, [(r.id, r.samples) for r, _ in fresh], now)
+            meters = _meter_names(conn, [r.meter_id for r, _ in fresh])
+            outcomes = _apply(conn, [(r.id, meters.get(r.meter_id or ""), r.samples)
+                                     for r, _ in fresh], now, customers or {})
             for (report, one), results in zip(fresh, outcomes, strict=True):
                 for outcome, event_id in results:
                     one.rejected += outcome == REJECTED
                     one.unmatched += outcome == UNMATCHED
                     one.waiting += outcome == WAITING
+                    one.ambiguous += outcome == AMBIGUOUS
                     if outcome == REJECTED and event_id is not None:
                         one.event_ids.append(event_id)
                 conn.execute(sa_update(STRIPE_EVENTS).where(STRIPE_EVENTS.c.id == report.id)
@@ -159,35 +202,55 @@ def store_reports(engine: Engine, reports: Sequence[StripeReport], *, source: st
         return applied
 
 
-def _apply(conn: Connection, reports: Sequence[tuple[str, Sequence[ErrorSample]]],
-           now: datetime) -> list[list[tuple[str, int | None]]]:
-    """Match and apply the reports' samples, in order: each sample's (outcome, event id), and
-    a row for each in ``stripe_error_samples``. One lookup, one lock of the rollup mark."""
-    named = sorted({identifier_of(s.identifier) for _, samples in reports for s in samples
+def _apply(conn: Connection, reports: Sequence[tuple[str, str | None, Sequence[ErrorSample]]],
+           now: datetime, customers: Mapping[str, CustomerCheck]
+           ) -> list[list[tuple[str, int | None]]]:
+    """Match and apply the reports' samples (each report: its id, the event name of its
+    meter when known, its samples), in order: each outcome with its event id (a sample naming
+    a stream request may single out several events: one each), and a row for each in
+    ``stripe_error_samples``. One lookup, one lock of the rollup mark."""
+    named = sorted({identifier_of(s.identifier) for _, _, samples in reports for s in samples
                     if s.identifier})
     events = _events_named(conn, named)
-    mark = lock_sent_mark(conn) if any(e.status == Status.SENT.value
-                                       for e in events.values()) else None
+    requests = requests_named(conn, [s.identifier for _, _, samples in reports for s in samples
+                                     if s.identifier and identifier_of(s.identifier)
+                                     not in events])
+    carried = _events_by_id(conn, {c.event_id for r in requests.values() for c in r.events})
+    mark = lock_sent_mark(conn) if any(
+        e.status == Status.SENT.value for e in [*events.values(), *carried.values()]) else None
     out: list[list[tuple[str, int | None]]] = []
     rows: list[dict[str, Any]] = []
     moved: list[Any] = []
     done: set[int] = set()
-    for report_id, samples in reports:
+
+    def settle(ev: Any, s: ErrorSample, outcome: str, report_id: str, found_by: str) -> str:
+        if outcome == REJECTED:
+            if _reject(conn, ev, s, report_id, now, found_by):
+                moved.append(ev)
+                done.add(int(ev.id))
+                return REJECTED
+            return ALREADY
+        return outcome
+
+    for report_id, meter, samples in reports:
         results: list[tuple[str, int | None]] = []
         for s in samples:
             ev = events.get(identifier_of(s.identifier)) if s.identifier else None
-            outcome = _outcome(ev, s, done)
-            if outcome == REJECTED and ev is not None:
-                if _reject(conn, ev, s, report_id, now):
-                    moved.append(ev)
-                    done.add(int(ev.id))
-                else:
-                    outcome = ALREADY
-            event_id = None if ev is None else int(ev.id)
-            results.append((outcome, event_id))
-            rows.append(dict(stripe_event_id=report_id, code=s.code, message=s.message,
-                             identifier=s.identifier, event_id=event_id, outcome=outcome,
-                             at=now))
+            request = requests.get(s.identifier or "") if ev is None else None
+            got: list[tuple[str, int | None]]
+            if request is not None:
+                traced = _trace(s, request, carried, meter, customers)
+                got = [(settle(e, s, _state(e, done), report_id, traced.found_by), int(e.id))
+                       for e in traced.events] or [
+                    (STALE, request.events[0].event_id) if traced.stale else (AMBIGUOUS, None)]
+            elif ev is not None:
+                got = [(settle(ev, s, _outcome(ev, s, done), report_id, BY_SAMPLE), int(ev.id))]
+            else:
+                got = [(UNMATCHED, None)]
+            results += got
+            rows += [dict(stripe_event_id=report_id, code=s.code, message=s.message,
+                          identifier=s.identifier, event_id=event_id, outcome=outcome, at=now)
+                     for outcome, event_id in got]
         out.append(results)
     if moved and mark is not None:
         unfold_sent(conn, mark, moved)
@@ -195,45 +258,79 @@ def _apply(conn: Connection, reports: Sequence[tuple[str, Sequence[ErrorSample]]
     return out
 
 
-def _outcome(ev: Any, sample: ErrorSample, done: set[int]) -> str:
-    if ev is None:
-        return UNMATCHED
-    if identifier_of(sample.identifier or "") != ev.sent_as:
-        return STALE
+def _trace(s: ErrorSample, request: StreamRequestRecord, carried: Mapping[int, Any],
+           meter: str | None, customers: Mapping[str, CustomerCheck]) -> Traced:
+    return single_out(s.code, s.message, request, carried, meter=meter, customers=customers)
+
+
+def _state(ev: Any, done: set[int]) -> str:
+    """What a sample does to an event it singled out (its identifier already checked)."""
     if int(ev.id) in done or not (allowed(ev.status, Move.REJECT) or ev.status in _IN_FLIGHT):
         return ALREADY
     return REJECTED if allowed(ev.status, Move.REJECT) else WAITING
 
 
+def _outcome(ev: Any, sample: ErrorSample, done: set[int]) -> str:
+    if ev is None:
+        return UNMATCHED
+    if identifier_of(sample.identifier or "") != ev.sent_as:
+        return STALE
+    return _state(ev, done)
+
+
+_COLUMNS = (T.c.id, T.c.status, T.c.idempotency_key, T.c.stripe_identifier, SENT_AS,
+            T.c.sent_at, T.c.occurred_at, T.c.tenant_id, T.c.meter, T.c.quantity,
+            T.c.stripe_customer_id)
+
+
 def _events_named(conn: Connection, identifiers: list[str]) -> dict[str, Any]:
     """The events these identifiers name: by the identifier they now go by, else by their
     idempotency key (an identifier they went by before a requeue is still recognised)."""
-    if not identifiers:
-        return {}
-    columns = (T.c.id, T.c.status, T.c.idempotency_key, T.c.stripe_identifier, SENT_AS,
-               T.c.sent_at, T.c.occurred_at, T.c.tenant_id, T.c.meter, T.c.quantity)
     found: dict[str, Any] = {}
-    for r in conn.execute(select(*columns).where(T.c.idempotency_key.in_(identifiers))):
-        found[r.idempotency_key] = r
-    for r in conn.execute(select(*columns).where(T.c.stripe_identifier.in_(identifiers))):
-        found[r.stripe_identifier] = r
+    for i in range(0, len(identifiers), 500):
+        chunk = identifiers[i:i + 500]
+        for r in conn.execute(select(*_COLUMNS).where(T.c.idempotency_key.in_(chunk))):
+            found[r.idempotency_key] = r
+        for r in conn.execute(select(*_COLUMNS).where(T.c.stripe_identifier.in_(chunk))):
+            found[r.stripe_identifier] = r
     return found
 
 
+def _events_by_id(conn: Connection, ids: set[int]) -> dict[int, Any]:
+    """The events of these ids (those that still exist), by id."""
+    wanted = sorted(ids)
+    found: dict[int, Any] = {}
+    for i in range(0, len(wanted), 500):
+        for r in conn.execute(select(*_COLUMNS).where(T.c.id.in_(wanted[i:i + 500]))):
+            found[int(r.id)] = r
+    return found
+
+
+def _meter_names(conn: Connection, meter_ids: Sequence[str | None]) -> dict[str, str]:
+    """The event names of Stripe's meters by their ids (those known)."""
+    wanted = sorted({m for m in meter_ids if m})
+    if not wanted:
+        return {}
+    return {str(r.meter_id): str(r.event_name) for r in conn.execute(
+        select(STRIPE_METERS.c.meter_id, STRIPE_METERS.c.event_name)
+        .where(STRIPE_METERS.c.meter_id.in_(wanted)))}
+
+
 def _reject(conn: Connection, ev: Any, sample: ErrorSample, report_id: str,
-            now: datetime) -> bool:
+            now: datetime, found_by: str) -> bool:
     done = conn.execute(sa_update(T).where(T.c.id == ev.id, T.c.status == Status.SENT.value)
                         .values(status=Status.REJECTED.value, rejected_at=now,
                                 reject_code=fit(T.c.reject_code, sample.code),
                                 reject_message=fit(T.c.reject_message, sample.message),
                                 reject_event_id=fit(T.c.reject_event_id, report_id),
-                                updated_at=now))
+                                reject_found_by=found_by, updated_at=now))
     return done.rowcount == 1
 
 
 def apply_waiting(engine: Engine, *, now: datetime, limit: int = 1000) -> int:
     """Apply the samples that named an event still in flight, now that it may be sent;
-    how many events this rejected."""
+    how many events this rejected. A sample row that a stream request's sample singled its
+    event out for names the event by id (its identifier was checked then)."""
     with engine.begin() as conn:
         waiting = conn.execute(
             select(ERROR_SAMPLES.c.id, ERROR_SAMPLES.c.stripe_event_id, ERROR_SAMPLES.c.code,
@@ -245,17 +342,26 @@ def apply_waiting(engine: Engine, *, now: datetime, limit: int = 1000) -> int:
             return 0
         events = _events_named(conn, sorted({identifier_of(w.identifier) for w in waiting
                                              if w.identifier}))
+        traced = _events_by_id(conn, {int(w.event_id) for w in waiting
+                                      if w.event_id is not None and (
+                                          not w.identifier
+                                          or identifier_of(w.identifier) not in events)})
         mark = lock_sent_mark(conn)
         moved: list[Any] = []
         done: set[int] = set()
         for w in waiting:
             sample = ErrorSample(w.code, w.message, w.identifier)
             ev = events.get(identifier_of(w.identifier)) if w.identifier else None
-            outcome = _outcome(ev, sample, done)
+            if ev is not None:
+                outcome, found_by = _outcome(ev, sample, done), BY_SAMPLE
+            else:
+                ev = traced.get(int(w.event_id)) if w.event_id is not None else None
+                outcome = UNMATCHED if ev is None else _state(ev, done)
+                found_by = BY_REQUEST
             if outcome == WAITING:
                 continue
             if outcome == REJECTED and ev is not None:
-                if _reject(conn, ev, sample, w.stripe_event_id, now):
+                if _reject(conn, ev, sample, w.stripe_event_id, now, found_by):
                     moved.append(ev)
                     done.add(int(ev.id))
                 else:

@@ -43,6 +43,7 @@ from .sql import (
     EPOCH,
     PRUNED_ROLLUP,
     ROLLUP_STATE,
+    STREAM_REQUESTS,
     T,
     as_utc,
     id_in,
@@ -71,6 +72,9 @@ class PruneResult:
     pruned: int = 0
     by_status: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PRUNABLE, 0))
     attempts: int = 0
+    #: Records of meter event stream requests sent before the cutoff (their reports are
+    #: long in: Stripe keeps its events 30 days).
+    stream_requests: int = 0
     kept_dead: int = 0
     kept_rejected: int = 0
     #: Sent rows past the cutoff the sent rollup does not hold yet: pruned once folded.
@@ -163,6 +167,10 @@ def prune(engine: Engine, *, now: datetime, retention_days: int,
                 break
         if result.incomplete:
             break
+    if not result.incomplete:
+        with engine.begin() as conn:
+            result.stream_requests = int(conn.execute(delete(STREAM_REQUESTS).where(
+                STREAM_REQUESTS.c.sent_at < cutoff)).rowcount or 0)
     if result.pruned:
         with engine.begin() as conn:
             conn.execute(sa_update(ROLLUP_STATE).where(ROLLUP_STATE.c.name == PRUNED)

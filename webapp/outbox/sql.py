@@ -58,6 +58,7 @@ from ..models import (
     SentUsageRollup,
     SentUsageYearly,
     StreamRequest,
+    StripeCustomerCheck,
     StripeErrorSample,
     StripeEvent,
     StripeMeter,
@@ -89,6 +90,7 @@ STRIPE_METERS = cast(Table, StripeMeter.__table__)
 STRIPE_EVENTS = cast(Table, StripeEvent.__table__)
 ERROR_SAMPLES = cast(Table, StripeErrorSample.__table__)
 STREAM_REQUESTS = cast(Table, StreamRequest.__table__)
+CUSTOMER_CHECKS = cast(Table, StripeCustomerCheck.__table__)
 SYNC_STATE = cast(Table, SyncState.__table__)
 RECON_RUNS = cast(Table, ReconciliationRun.__table__)
 RECON_MISMATCHES = cast(Table, ReconciliationMismatch.__table__)

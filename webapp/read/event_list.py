@@ -20,7 +20,6 @@ from sqlalchemy import Connection, Engine, false, func, select
 
 from ..db import exporting, reading
 from ..outbox.sql import (
-    AUDIT,
     AUDIT_EVENTS,
     IDLE_UNSENT,
     IN_FLIGHT,
@@ -32,6 +31,7 @@ from ..outbox.sql import (
     text_in,
 )
 from ..outbox.states import ALL_STATUSES, DEAD_EXHAUSTED, DEAD_PAST_WINDOW, MAX_AGE
+from ..outbox.tracing import request_event_ids
 from .counts import NEAR_LIMIT, UNSENT_OPEN
 
 #: The most rows one page shows, and the default.
@@ -93,6 +93,7 @@ class EventFilters:
     audit: tuple[int, ...] = ()
     attempts_min: int | None = None
     attempts_max: int | None = None
+    request: str = ""  # a stream request's Idempotency-Key: the events it carried
 
     def __post_init__(self) -> None:
         for s in self.status:
@@ -109,7 +110,7 @@ class EventFilters:
         if self.status:
             out["status"] = list(self.status)
         for name in ("tenant", "customer", "meter", "age", "code", "error_class", "http", "why",
-                     "reject_code", "outcome"):
+                     "reject_code", "outcome", "request"):
             if getattr(self, name):
                 out[name] = getattr(self, name)
         for name in DATE_FILTERS:
@@ -164,7 +165,8 @@ class EventFilters:
             add(AGES[self.age], "age")
         for name, words in (("code", "last error code"), ("error_class", "last error class"),
                             ("http", "last HTTP status"),
-                            ("reject_code", "Stripe's rejection code")):
+                            ("reject_code", "Stripe's rejection code"),
+                            ("request", "carried by stream request")):
             value = getattr(self, name)
             if value:
                 add(f"no {words}" if value == NONE else f"{words} {value}", name)
@@ -268,6 +270,7 @@ def _common(conn: Connection, f: EventFilters, now: datetime) -> list[Any]:
     if f.audit:
         where.append(T.c.id.in_(select(AUDIT_EVENTS.c.event_id)
                                 .where(AUDIT_EVENTS.c.audit_id.in_(f.audit))))
+    where += [T.c.id.in_(request_event_ids(conn, f.request))] if f.request else []
     if f.attempts_min is not None:
         where.append(T.c.attempt_count >= f.attempts_min)
     if f.attempts_max is not None:
@@ -393,56 +396,3 @@ def export_rows(engine: Engine, f: EventFilters, *, now: datetime
             yield from (streams[0] if len(streams) == 1 else
                         heapq.merge(*streams, key=itemgetter(0), reverse=True))
             top, width = bottom, width * 2
-
-
-#: What became of requeued events, in the words of the tracking summary.
-SETTLED_SENT = ("sent",)
-STILL_WAITING = ("pending", "processing", "retrying")
-FAILED_AGAIN = ("dead", "rejected")
-
-
-@dataclass(frozen=True)
-class Tracking:
-    """What became of the events some audit entries (a bulk action) touched."""
-
-    audit_ids: tuple[int, ...]
-    action: str
-    actor: str
-    at: datetime
-    total: int
-    sent: int
-    waiting: int
-    failed: int
-    other: int          # resolved or cancelled since
-
-    @property
-    def settled(self) -> bool:
-        """Nothing is still on its way: polling may stop."""
-        return self.waiting == 0
-
-    @property
-    def requeue(self) -> bool:
-        return "requeue" in self.action
-
-
-def tracking(engine: Engine, audit_ids: tuple[int, ...]) -> Tracking | None:
-    """The fate of the audit entries' events by status (each event once); None when there is
-    no such entry."""
-    with reading(engine) as conn:
-        entries = conn.execute(select(AUDIT.c.action, AUDIT.c.actor, AUDIT.c.at)
-                               .where(AUDIT.c.id.in_(audit_ids)).order_by(AUDIT.c.id)).all()
-        if not entries:
-            return None
-        by = {str(s): int(n) for s, n in conn.execute(
-            select(T.c.status, func.count())
-            .where(T.c.id.in_(select(AUDIT_EVENTS.c.event_id)
-                              .where(AUDIT_EVENTS.c.audit_id.in_(audit_ids))))
-            .group_by(T.c.status))}
-    total = sum(by.values())
-    sent = sum(by.get(s, 0) for s in SETTLED_SENT)
-    waiting = sum(by.get(s, 0) for s in STILL_WAITING)
-    failed = sum(by.get(s, 0) for s in FAILED_AGAIN)
-    first = row_dict(entries[0])
-    actions = sorted({str(e.action) for e in entries})
-    return Tracking(audit_ids, " and ".join(actions), first["actor"], first["at"], total,
-                    sent, waiting, failed, total - sent - waiting - failed)

@@ -11,7 +11,15 @@ from sqlalchemy import Connection, Engine, func, select
 from ..db import reading
 from ..outbox import sync
 from ..outbox.meters import ACTIVE, known_meters
-from ..outbox.sql import ERROR_SAMPLES, IDLE_UNSENT, STRIPE_EVENTS, T, row_dict, status_in
+from ..outbox.sql import (
+    ERROR_SAMPLES,
+    IDLE_UNSENT,
+    STREAM_REQUESTS,
+    STRIPE_EVENTS,
+    T,
+    row_dict,
+    status_in,
+)
 from ..outbox.sync import SyncStatus
 
 
@@ -68,8 +76,10 @@ def stripe_page(engine: Engine, *, limit: int = 50) -> StripePage:
                    STRIPE_EVENTS.c.summary)
             .order_by(STRIPE_EVENTS.c.created.desc()).limit(limit))]
         unmatched = [row_dict(r) for r in conn.execute(
-            select(ERROR_SAMPLES).where(ERROR_SAMPLES.c.outcome.in_(("unmatched", "stale",
-                                                                     "waiting")))
+            select(ERROR_SAMPLES, STREAM_REQUESTS.c.events.label("request_events"))
+            .select_from(ERROR_SAMPLES.outerjoin(
+                STREAM_REQUESTS, STREAM_REQUESTS.c.idempotency_key == ERROR_SAMPLES.c.identifier))
+            .where(ERROR_SAMPLES.c.outcome.in_(("unmatched", "stale", "waiting", "ambiguous")))
             .order_by(ERROR_SAMPLES.c.id.desc()).limit(limit))]
         syncs = {name: sync.sync_status(conn, name)
                  for name in (sync.METERS, sync.EVENTS, sync.RECONCILE)}

@@ -64,3 +64,19 @@ def pre_aggregated_words(window: str | None, *, lower: bool = False) -> str:
              "without a time window for their event name (a meter's window cannot be changed: "
              "it takes a new meter).")
     return "p" + words[1:] if lower else words
+
+
+#: How a rejection was traced to its event (``stripe_usage_outbox.reject_found_by``).
+FOUND_BY_WORDS = {
+    "sample": "Stripe's report named this event.",
+    "request": "Stripe's report named the stream request that carried this event, and what "
+               "it said singles this event out.",
+    "customer": "Stripe's report counted events refused for a customer it does not have; "
+                "asked, Stripe said it has no such customer (or has deleted it), so every "
+                "event sent to it was refused.",
+}
+
+
+def found_by_words(found_by: str | None) -> str:
+    """How Stripe's refusal was traced to an event, in plain words ("" when not known)."""
+    return FOUND_BY_WORDS.get(found_by or "", "")

@@ -15,6 +15,8 @@ from typing import Any
 import requests
 import stripe
 
+from ..outbox import customers
+from ..outbox.customers import CustomerCheck
 from ..outbox.meters import DEFAULT_CUSTOMER_KEY, DEFAULT_VALUE_KEY, MeterInfo
 from ..outbox.rejections import StripeReport
 from ..outbox.states import CallResult, Outcome
@@ -101,10 +103,12 @@ class StripeGateway:
         return CallResult(Outcome.DELIVERED, http_status=200,
                           request_id=getattr(response, "request_id", None))
 
-    def send_batch(self, events: Sequence[MeterEvent]) -> StreamResult:
+    def send_batch(self, events: Sequence[MeterEvent],
+                   idempotency_key: str | None = None) -> StreamResult:
         """``POST /v2/billing/meter_event_stream`` with 1 to 100 events (``ValueError``
-        otherwise): each event's classified outcome (see :mod:`.stream`)."""
-        return self._stream.send(events)
+        otherwise) on the meter events host, under ``idempotency_key`` (a new one when None):
+        each event's classified outcome and the key that carried it (see :mod:`.stream`)."""
+        return self._stream.send(events, idempotency_key)
 
     @property
     def stream_sessions(self) -> int:
@@ -151,6 +155,29 @@ class StripeGateway:
             raise StripeCallFailed(what, CallResult(
                 Outcome.PERMANENT, error_class="MalformedAnswer",
                 message=f"a page could not be read: {exc}")) from exc
+
+    def retrieve_customer(self, customer_id: str) -> CustomerCheck:
+        """``GET /v1/customers/{id}``: whether Stripe has the customer (``active``), has it
+        deleted (``deleted``: Stripe answers a stub), or has no such customer (``missing``:
+        a 404 ``resource_missing``). Any other answer raises :class:`StripeCallFailed`."""
+        what = f"looking up customer {customer_id}"
+        try:
+            found = self._client.v1.customers.retrieve(customer_id)
+        except stripe.InvalidRequestError as exc:
+            result = classify_error(exc)
+            if exc.http_status == 404 and result.error_code == "resource_missing":
+                return CustomerCheck(customer_id, customers.MISSING,
+                                     request_id=result.request_id)
+            raise StripeCallFailed(what, result) from exc
+        except stripe.StripeError as exc:
+            raise StripeCallFailed(what, classify_error(exc)) from exc
+        response = getattr(found, "last_response", None)
+        request_id = getattr(response, "request_id", None)
+        data = found.to_dict()
+        if data.get("deleted"):
+            return CustomerCheck(customer_id, customers.DELETED, request_id=request_id)
+        return CustomerCheck(customer_id, customers.ACTIVE, name=_text(data.get("name")),
+                             request_id=request_id)
 
     # -- events ---------------------------------------------------------------------------
     def list_events(self, types: tuple[str, ...], *, created_gte: datetime | None

@@ -11,15 +11,21 @@ What this relies on in stripe-python 16.1.0:
   None: the 200's request id is read from the HTTP client instead.
 * A v2 error whose ``type`` is ``temporary_session_expired`` raises
   ``stripe.TemporarySessionExpiredError``; other v2 errors are mapped as v1's are (a 400 is an
-  ``InvalidRequestError`` with Stripe's ``param``, 401 ``AuthenticationError``, 429
-  ``RateLimitError``), so :func:`~.errors.classify_error` applies to them unchanged.
-* The SDK gives every v2 POST a fresh ``Idempotency-Key`` of its own: a resend is a new request,
-  and Stripe's identifier dedupe is what makes resending an event safe.
+  ``InvalidRequestError``, 401 ``AuthenticationError``, 429 ``RateLimitError``), so
+  :func:`~.errors.classify_error` applies to them unchanged.
+* The SDK gives every v2 POST a fresh ``Idempotency-Key`` of its own unless the options carry
+  one. Every stream request here carries its own (:func:`request_key`, unique per request), kept
+  with the events it carried (``stripe_stream_requests``): Stripe's error reports may name a
+  request's idempotency key instead of an event's identifier (the SDK documents
+  ``sample_errors[].request.identifier`` as "the request idempotency key"), and the key is how
+  such a sample is traced to its events. A resend is a new request with a new key, and Stripe's
+  identifier dedupe is what makes resending an event safe.
 
 Stripe validates the events of a stream after answering 200 (unknown meter or customer, bad
 value, old timestamp) and reports them as error reports, like v1's later checks. A request-level
-400 applies none of its events; which event it was about is named only when its ``param`` says
-``events[<i>]…``: otherwise :func:`split_refused` finds it by sending halves.
+400 applies none of its events. Stripe's v2 errors carry ``type``, ``code``, ``message``,
+``doc_url`` and ``user_message``, and no ``param``: the event at fault is named only when the
+message says ``events[<i>]…``; otherwise :func:`split_refused` finds it by sending halves.
 
 This module is the SDK-free half (the session tokens, what a request's answer means, the
 search by halves), imported by the worker whether or not anything is sent; the requests
@@ -28,6 +34,7 @@ themselves, and the SDK's errors read as outcomes, are :mod:`.stream_sdk`'s.
 
 from __future__ import annotations
 
+import secrets
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -49,6 +56,16 @@ RENEW_AHEAD_SECONDS = 60.0
 #: :func:`split_refused` sends at most this many extra requests for one refused request: enough
 #: to find two bad events among 100 by halving (each level of halving costs two requests).
 MAX_SPLIT_REQUESTS = 28
+
+
+#: Every stream request's ``Idempotency-Key`` starts so (the rest is random): a sample naming one
+#: is told from an event's identifier by the table of requests, not by its form.
+REQUEST_KEY_PREFIX = "bo-stream-"
+
+
+def request_key() -> str:
+    """A new ``Idempotency-Key`` for one stream request: unique, 42 characters."""
+    return REQUEST_KEY_PREFIX + secrets.token_hex(16)
 
 
 def stream_params(event: MeterEvent) -> dict[str, object]:
@@ -134,7 +151,8 @@ class StreamResult:
     events because Stripe said the session had expired: those are not attempts. ``unconfirmed``:
     Stripe refused the request with a 400 that names no event, so none of them was applied
     (each is ``NOT_EXECUTED``) and ``refusal`` is Stripe's answer as it would read for the
-    event at fault: :func:`split_refused` finds which one.
+    event at fault: :func:`split_refused` finds which one. ``keys``: per event, the
+    ``Idempotency-Key`` of the request that carried it to its answer (empty: not known).
     """
 
     results: tuple[CallResult, ...]
@@ -143,12 +161,19 @@ class StreamResult:
     resent_after_expiry: int = 0
     unconfirmed: bool = False
     refusal: CallResult | None = None
+    keys: tuple[str | None, ...] = ()
+
+    def key_of(self, index: int) -> str | None:
+        """The ``Idempotency-Key`` of the request that carried event ``index``, if known."""
+        return self.keys[index] if index < len(self.keys) else None
 
 
 class StreamGateway(Protocol):
-    """What a drainer needs of Stripe in stream mode: send up to 100 events in one request."""
+    """What a drainer needs of Stripe in stream mode: send up to 100 events in one request,
+    under ``idempotency_key`` (a new :func:`request_key` when None)."""
 
-    def send_batch(self, events: Sequence[MeterEvent]) -> StreamResult: ...
+    def send_batch(self, events: Sequence[MeterEvent],
+                   idempotency_key: str | None = None) -> StreamResult: ...
 
 
 def split_refused(send: Callable[[Sequence[MeterEvent]], StreamResult],
@@ -165,6 +190,7 @@ def split_refused(send: Callable[[Sequence[MeterEvent]], StreamResult],
     if not first.unconfirmed:
         return first
     results = list(first.results)
+    keys = [first.key_of(i) for i in range(len(events))]
     requests, resent = first.requests, first.resent_after_expiry
     if len(events) == 1:
         results[0] = first.refusal or replace(results[0], outcome=Outcome.PERMANENT)
@@ -179,17 +205,20 @@ def split_refused(send: Callable[[Sequence[MeterEvent]], StreamResult],
         resent += part.resent_after_expiry
         if part.unconfirmed and hi - lo == 1:
             results[lo] = part.refusal or replace(part.results[0], outcome=Outcome.PERMANENT)
+            keys[lo] = part.key_of(0)
         elif part.unconfirmed:
             todo += _halves(lo, hi)
         else:
             results[lo:hi] = part.results
+            keys[lo:hi] = [part.key_of(i) for i in range(hi - lo)]
             systemic = next((r for r in part.results if r.outcome is Outcome.SYSTEMIC), None)
             if systemic is not None:
                 for a, b in todo:
                     results[a:b] = [systemic] * (b - a)
                 todo = []
     return StreamResult(tuple(results), first.request_id, requests, resent,
-                        unconfirmed=bool(todo), refusal=first.refusal if todo else None)
+                        unconfirmed=bool(todo), refusal=first.refusal if todo else None,
+                        keys=tuple(keys))
 
 
 def _halves(lo: int, hi: int) -> list[tuple[int, int]]:

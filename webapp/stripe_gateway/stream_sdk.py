@@ -22,13 +22,16 @@ from .stream import (
     SessionTokens,
     StreamResult,
     _parse_time,
+    request_key,
     stream_params,
 )
 
 if TYPE_CHECKING:
     from .data import MeterEvent
 
-_EVENT_PARAM = re.compile(r"^events\[([0-9]+)\]")
+#: Where an answer names the event at fault: ``events[3].timestamp`` (a v1-style ``param``, or
+#: within a v2 error's message, which has no ``param``).
+_EVENT_INDEX = re.compile(r"\bevents\[([0-9]+)\]")
 
 
 class StreamSender:
@@ -54,15 +57,19 @@ class StreamSender:
             lifetime = SESSION_LIFETIME  # what Stripe documents, when its answer says nothing
         return Session(str(session.authentication_token), lifetime)
 
-    def send(self, events: Sequence[MeterEvent]) -> StreamResult:
-        """``POST /v2/billing/meter_event_stream`` with ``events`` (1 to 100), each event's
-        classified outcome. An expired session is renewed and the same request sent once more
-        (counted in ``resent_after_expiry``)."""
+    def send(self, events: Sequence[MeterEvent],
+             idempotency_key: str | None = None) -> StreamResult:
+        """``POST /v2/billing/meter_event_stream`` with ``events`` (1 to 100) under
+        ``idempotency_key`` (a new :func:`~.stream.request_key` when None), each event's
+        classified outcome and the key of the request that carried it. An expired session is
+        renewed and the same events sent once more, under a new key (counted in
+        ``resent_after_expiry``)."""
         count = len(events)
         if not 0 < count <= MAX_EVENTS_PER_REQUEST:
             raise ValueError(f"a stream request holds 1 to {MAX_EVENTS_PER_REQUEST} events, "
                              f"not {count}")
         params = {"events": [stream_params(e) for e in events]}
+        key = idempotency_key or request_key()
         resent = 0
         try:
             token = self.sessions.token()
@@ -72,13 +79,16 @@ class StreamSender:
             try:
                 self._client.v2.billing.meter_event_stream.create(
                     params=params,  # type: ignore[arg-type]
-                    options={"api_key": token})
+                    options={"api_key": token, "idempotency_key": key})
             except stripe.TemporarySessionExpiredError as exc:
                 if resent:
                     # Expired twice in a row: nothing was applied; try again later.
                     result = replace(classify_error(exc), outcome=Outcome.NOT_EXECUTED)
                     return StreamResult((result,) * count, exc.request_id, 1 + resent, resent)
                 resent = 1
+                # Not applied: the same events go again, as a new request with a key of its
+                # own (Stripe may keep the refusal under the first).
+                key = request_key()
                 try:
                     token = self.sessions.renew(token)
                 except stripe.StripeError as renew_exc:
@@ -87,10 +97,12 @@ class StreamSender:
             except stripe.StripeError as exc:
                 results, refusal = classify_stream_error(exc, count)
                 return StreamResult(results, exc.request_id, 1 + resent, resent,
-                                    unconfirmed=refusal is not None, refusal=refusal)
+                                    unconfirmed=refusal is not None, refusal=refusal,
+                                    keys=(key,) * count)
             request_id = self._last_request_id()
             sent = CallResult(Outcome.DELIVERED, http_status=200, request_id=request_id)
-            return StreamResult((sent,) * count, request_id, 1 + resent, resent)
+            return StreamResult((sent,) * count, request_id, 1 + resent, resent,
+                                keys=(key,) * count)
 
 
 def classify_stream_error(exc: stripe.StripeError, count: int
@@ -100,8 +112,9 @@ def classify_stream_error(exc: stripe.StripeError, count: int
 
     Every answer but a request-level 400 concerns the whole request, so every event gets the
     outcome v1 gives the same answer (timeouts and 5xx: unknown; 429, 409, 503: not executed;
-    401, 403: systemic). A 400 applied none of the events: the one its ``param`` names
-    (``events[3].timestamp``) gets v1's outcome for a 400, the others are not executed.
+    401, 403: systemic). A 400 applied none of the events: the one it names
+    (``events[3].timestamp``, in its message; or in a ``param``, which Stripe's v2 errors do
+    not carry) gets v1's outcome for a 400, the others are not executed.
     """
     base = classify_error(exc)
     if exc.http_status != 400 or base.outcome is Outcome.NOT_EXECUTED:
@@ -117,11 +130,17 @@ def classify_stream_error(exc: stripe.StripeError, count: int
 
 
 def refused_index(exc: stripe.StripeError) -> int | None:
-    """The position of the event a 400's ``param`` names (``events[3].timestamp`` → 3)."""
+    """The position of the event a 400 names (``events[3].timestamp`` → 3): in a ``param``
+    where there is one, else in the message. A message that names two different events does
+    not say which one was refused alone: None then, and the halving finds it."""
     error = getattr(exc, "error", None)
     param = getattr(error, "param", None) or getattr(exc, "param", None)
-    match = _EVENT_PARAM.match(str(param)) if param else None
-    return int(match.group(1)) if match else None
+    match = _EVENT_INDEX.match(str(param)) if param else None
+    if match:
+        return int(match.group(1))
+    message = getattr(error, "message", None) or getattr(exc, "user_message", None) or ""
+    named = {int(m.group(1)) for m in _EVENT_INDEX.finditer(str(message))}
+    return named.pop() if len(named) == 1 else None
 
 
 def _session_failed(exc: stripe.StripeError, count: int, *, requests: int,

@@ -59,14 +59,13 @@ def stripe_events() -> None:
 @stripe_events.command("poll")
 def stripe_events_poll() -> None:
     """Read Stripe's error reports since the last one stored; print a JSON summary."""
-    from ..worker import EventPoller, MeterRefresher
+    from ..worker import MeterRefresher, event_poller
 
     svc, gateway = _svc(), _gateway()
     meters = MeterRefresher(svc.engine, gateway, clock=svc.clock)
     try:
-        summary = EventPoller(
-            svc.engine, gateway, clock=svc.clock, on_meter_codes=meters.run_once,
-            max_requests_per_second=svc.settings.stripe_max_requests_per_second).run_once()
+        summary = event_poller(svc.engine, gateway, svc.settings, clock=svc.clock,
+                               on_meter_codes=meters.run_once).run_once()
     except StripeCallFailed as exc:
         raise StripeUnreachable(str(exc)) from exc
     click.echo(json.dumps(summary.as_dict()))

@@ -12,6 +12,7 @@ from ..read import event_list as lists
 from ..read.dead_letters import check_row
 from ..read.events import EventDetail, event_detail
 from ..read.rejected import reason_text
+from ..read.tracking import tracking
 from ..worker import cancel_events
 from .common import csv_response, now, render, svc
 from .errors import back_to
@@ -53,9 +54,11 @@ REJECT_CODE = Text("reject_code", 100)
 OUTCOME = Text("outcome", 20, pattern=r"[a-z_]+")
 AUDIT_ID = Ids("audit", max_count=10, source="query")
 ATTEMPTS = IntRange("attempts", 0, 1_000_000)
+#: A meter event stream request's ``Idempotency-Key``: the events it carried.
+REQUEST = Text("request", 255, pattern=r"[A-Za-z0-9_:~.-]+")
 LIST_FILTERS = (STATUS, TENANT, CUSTOMER, METER, CREATED_FROM, CREATED_TO, OCCURRED_FROM,
                 OCCURRED_TO, SENT_FROM, SENT_TO, DUE, AGE, CODE, ERROR_CLASS, HTTP, WHY,
-                REJECT_CODE, OUTCOME, AUDIT_ID, ATTEMPTS)
+                REJECT_CODE, OUTCOME, AUDIT_ID, ATTEMPTS, REQUEST)
 LIMIT = Int("limit", 1, lists.MAX_LIMIT, default=lists.DEFAULT_LIMIT, clamp=True)
 BEFORE = Int("before", 1, MAX_ID)
 
@@ -71,7 +74,7 @@ def list_filters() -> lists.EventFilters:
         sent_from=SENT_FROM.get(), sent_to=SENT_TO.get(), due=DUE.get(), age=AGE.get(),
         code=CODE.get(), error_class=ERROR_CLASS.get(), http=HTTP.get(), why=WHY.get(),
         reject_code=REJECT_CODE.get(), outcome=OUTCOME.get(), audit=tuple(AUDIT_ID.get()),
-        attempts_min=lo, attempts_max=hi)
+        attempts_min=lo, attempts_max=hi, request=REQUEST.get())
 
 
 def _detail(event_id: int) -> EventDetail:
@@ -150,7 +153,7 @@ def find() -> ResponseReturnValue:
     filters = list_filters()
     limit = LIMIT.get()
     page = lists.event_list(svc().engine, filters, now=now(), before=BEFORE.get(), limit=limit)
-    track = lists.tracking(svc().engine, filters.audit) if filters.audit else None
+    track = tracking(svc().engine, filters.audit) if filters.audit else None
     params = dict(filters.params(), **({"limit": limit} if limit != lists.DEFAULT_LIMIT
                                        else {}))
     return render("events/index.html", page=page, f=filters, params=params, limit=limit,

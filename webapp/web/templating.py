@@ -15,7 +15,13 @@ from markupsafe import Markup, escape
 from ..config import STRIPE_API_BASE_DEFAULT, STRIPE_METER_EVENTS_BASE_DEFAULT
 from ..db import reading
 from ..read.health import Health, health
-from ..read.words import is_duplicate, outcome_words, pre_aggregated_words, state_words
+from ..read.words import (
+    found_by_words,
+    is_duplicate,
+    outcome_words,
+    pre_aggregated_words,
+    state_words,
+)
 from ..users import MIN_PASSWORD, has_role
 from .common import now, svc
 from .security import csrf_token, current_user
@@ -192,7 +198,8 @@ def init_app(app: Flask) -> None:
     app.jinja_env.autoescape = True  # every template, whatever its extension
     app.jinja_env.filters.update(utc=fmt_utc, ago=fmt_age, num=num, pct=pct,
                                  state_words=state_words, outcome_words=outcome_words,
-                                 pre_aggregated_words=pre_aggregated_words)
+                                 pre_aggregated_words=pre_aggregated_words,
+                                 found_by_words=found_by_words)
     app.jinja_env.globals.update(when=when, qs=qs, csrf_token=csrf_token, chrome=chrome,
                                  is_duplicate=is_duplicate, has_role=has_role, escape=escape,
                                  tenant_url=tenant_url,

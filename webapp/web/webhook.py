@@ -13,7 +13,7 @@ from flask.typing import ResponseReturnValue
 from ..db import reading
 from ..outbox.rejections import REPORT_TYPES, is_stored
 from ..stripe_gateway import InvalidSignature, StripeCallFailed
-from ..worker import MeterRefresher, store_report
+from ..worker import MeterRefresher, customer_directory, store_report
 from .common import now, svc
 
 bp = Blueprint("webhook", __name__)
@@ -47,6 +47,8 @@ def receive() -> ResponseReturnValue:
         return jsonify(status="error", message="could not read the event; push again"), 503
     meters = MeterRefresher(svc().engine, gateway, clock=svc().clock)
     applied = store_report(svc().engine, report, source="webhook", now=now(),
-                           on_meter_codes=meters.run_once)
+                           on_meter_codes=meters.run_once,
+                           customers=customer_directory(svc().engine, gateway, settings,
+                                                        clock=svc().clock))
     return jsonify(status="stored" if applied.stored else "duplicate", id=thin.id,
                    rejected=applied.rejected, unmatched=applied.unmatched)

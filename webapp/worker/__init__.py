@@ -6,7 +6,8 @@ What the rest of the product may use (``webapp.web`` imports nothing deeper):
 - :class:`Maintenance` with :func:`services_for` — the rescuer of expired claims and the
   rollup folder, each with a ``run_once()``, run on their cadence;
 - :class:`Rescuer`, :class:`RollupFolder` — those services, for a scheduler of its own;
-- :class:`MeterRefresher`, :class:`EventPoller` (with :func:`store_report`),
+- :class:`MeterRefresher`, :class:`EventPoller` (built by :func:`event_poller`; with
+  :func:`store_report`), :func:`customer_directory` (whether Stripe has a customer),
   :func:`reconcile` and :class:`Reconciler`, :func:`cancel_events` — the exchanges with
   Stripe after its 200 (meters, error reports, reconciliation, cancel);
 - :func:`stripe_customers` — Stripe's customers for the tenant sync;
@@ -28,11 +29,12 @@ from .process import freeze_startup_objects, gateway_from
 from .reconciler import LEASE_SECONDS as RECONCILE_LEASE_SECONDS
 from .reconciler import Reconciler, reconcile
 from .rescuer import Rescuer
-from .stripe_events import EventPoller, PollSummary
+from .stripe_events import EventPoller, PollSummary, customer_directory, event_poller
 from .stripe_events import store as store_report
 
 __all__ = ["RECONCILE_LEASE_SECONDS", "CancelOutcome", "DrainSummary", "Drainer",
            "EventPoller", "Maintenance",
            "MeterRefresher", "PollSummary", "Reconciler", "Rescuer", "RollupFolder",
-           "Scheduled", "cancel_events", "freeze_startup_objects", "gateway_from", "reconcile",
+           "Scheduled", "cancel_events", "customer_directory", "event_poller",
+           "freeze_startup_objects", "gateway_from", "reconcile",
            "services_for", "store_report", "stripe_customers"]

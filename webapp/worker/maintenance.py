@@ -20,7 +20,7 @@ from ..stripe_gateway import StripeCallFailed
 from . import folder, parker, pruner, reconciler, reporter, rescuer
 from .meters import MeterRefresher
 from .process import gateway_from
-from .stripe_events import EventPoller
+from .stripe_events import event_poller
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +59,8 @@ def services_for(engine: Engine, settings: Settings, *,
         return out
     meters = MeterRefresher(engine, gateway, clock=clock)
     out += [Scheduled(meters, settings.meters_refresh_seconds),
-            Scheduled(EventPoller(engine, gateway, clock=clock, on_meter_codes=meters.run_once,
-                                  max_requests_per_second=settings.stripe_max_requests_per_second),
+            Scheduled(event_poller(engine, gateway, settings, clock=clock,
+                                   on_meter_codes=meters.run_once),
                       settings.events_poll_seconds),
             Scheduled(reconciler.Reconciler(engine, gateway, settings, clock=clock),
                       reconciler.CHECK_SECONDS)]

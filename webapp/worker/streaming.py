@@ -39,6 +39,7 @@ from ..stripe_gateway import (
     StreamResult,
     split_refused,
 )
+from ..stripe_gateway.stream import request_key
 
 if TYPE_CHECKING:
     from .sending import LaneResult, Sender
@@ -152,17 +153,19 @@ class _Run:
         return not (s.stopping.is_set() or self.abort.is_set() or s.clock() > self.latest)
 
     def _send(self, events: Sequence[MeterEvent]) -> StreamResult:
-        """One stream request within the rate limit and the claim; never raises."""
+        """One stream request within the rate limit and the claim, under an idempotency key
+        of its own; never raises."""
         if not self._may_start() or not self.s.limiter.acquire(self.s.stopping):
             return StreamResult((NOT_SENT,) * len(events), None, requests=0)
+        key = request_key()
         try:
-            result = self.gateway.send_batch(events)
+            result = self.gateway.send_batch(events, key)
         except Exception as exc:
             log.exception("a stream request of %d events: the gateway raised", len(events))
             unknown = CallResult(Outcome.UNKNOWN, error_class=type(exc).__name__,
                                  message=str(exc)[:1000])
             self.s.breaker.record(Outcome.UNKNOWN)
-            return StreamResult((unknown,) * len(events), None)
+            return StreamResult((unknown,) * len(events), None, keys=(key,) * len(events))
         self.s.breaker.record(_request_outcome(result))
         return result
 
@@ -179,7 +182,7 @@ class _Run:
         assert len(result.results) == len(events)
         verdict = "ok"
         systemic: CallResult | None = None
-        for ev, r in zip(events, result.results, strict=True):
+        for i, (ev, r) in enumerate(zip(events, result.results, strict=True)):
             if r is NOT_SENT:
                 out.release.append(ev.id)
                 verdict = "now" if verdict == "ok" else verdict
@@ -189,7 +192,7 @@ class _Run:
                 # among the halves): nothing of it was applied; it goes back untouched.
                 (out.release_later if result.unconfirmed else out.release).append(ev.id)
                 continue
-            out.attempts.append(AttemptRecord(ev, r, now, ms))
+            out.attempts.append(AttemptRecord(ev, r, now, ms, result.key_of(i)))
             if r.outcome is Outcome.SYSTEMIC:
                 systemic = systemic or r
             elif r.outcome is Outcome.METER_MISSING:

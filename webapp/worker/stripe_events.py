@@ -10,14 +10,17 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Protocol
+from typing import Any, Protocol
 
 from sqlalchemy import Engine
 
+from ..config import Settings
 from ..db import reading
 from ..models import utcnow
 from ..outbox import rejections, sync
+from ..outbox.customers import CustomerCheck
 from ..outbox.rejections import REPORT_TYPES, StripeReport
+from .customers import CustomerDirectory
 from .throttle import process_limiter
 
 log = logging.getLogger(__name__)
@@ -59,11 +62,14 @@ class PollSummary:
 
 
 def store(engine: Engine, report: StripeReport, *, source: str, now: datetime,
-          on_meter_codes: Callable[[], object] | None = None) -> rejections.Applied:
+          on_meter_codes: Callable[[], object] | None = None,
+          customers: CustomerDirectory | None = None) -> rejections.Applied:
     """Store one report and apply it; a report that says a meter is missing makes the
-    meters be read again (``on_meter_codes``). One pushed report; a poll stores its reports
-    in chunks and logs a summary."""
-    applied = rejections.store_report(engine, report, source=source, now=now)
+    meters be read again (``on_meter_codes``); Stripe is first asked about the customers the
+    report may be about (``customers``, see :func:`ask_customers`). One pushed report; a poll
+    stores its reports in chunks and logs a summary."""
+    applied = rejections.store_report(engine, report, source=source, now=now,
+                                      customers=ask_customers(engine, [report], customers))
     if applied.stored:
         if applied.rejected:
             log.warning("Stripe reported %d event(s) invalid after accepting them (%s): "
@@ -74,6 +80,19 @@ def store(engine: Engine, report: StripeReport, *, source: str, now: datetime,
     if applied.stored and report.meter_codes and on_meter_codes is not None:
         _read_meters(on_meter_codes, report.id)
     return applied
+
+
+def ask_customers(engine: Engine, reports: list[StripeReport],
+                  directory: CustomerDirectory | None) -> dict[str, CustomerCheck]:
+    """Stripe's answers about the customers these reports may be about (a sample saying a
+    customer was not found, naming a stream request of several customers' events); none
+    without a directory. Asked before the reports' transaction: no call is made with one
+    open."""
+    if directory is None:
+        return {}
+    with reading(engine) as conn:
+        wanted = rejections.customers_to_ask(conn, reports)
+    return directory.checks(wanted) if wanted else {}
 
 
 def _read_meters(on_meter_codes: Callable[[], object], report_id: str) -> None:
@@ -106,11 +125,13 @@ class EventPoller:
                  clock: Callable[[], datetime] = utcnow,
                  on_meter_codes: Callable[[], object] | None = None,
                  max_requests_per_second: float | None = None,
-                 parallel: int = PARALLEL) -> None:
+                 parallel: int = PARALLEL,
+                 customers: CustomerDirectory | None = None) -> None:
         self.engine = engine
         self.source = source
         self.clock = clock
         self.on_meter_codes = on_meter_codes
+        self.customers = customers
         self.limiter = (None if max_requests_per_second is None
                         else process_limiter(max_requests_per_second))
         self.parallel = max(1, parallel)
@@ -139,8 +160,10 @@ class EventPoller:
 
             def flush() -> None:
                 nonlocal meters_named
+                asked = ask_customers(self.engine, chunk, self.customers)
                 for report, applied in zip(chunk, rejections.store_reports(
-                        self.engine, chunk, source="poll", now=self.clock()), strict=True):
+                        self.engine, chunk, source="poll", now=self.clock(), customers=asked),
+                        strict=True):
                     if applied.stored:
                         summary.events += 1
                         summary.rejected += applied.rejected
@@ -173,3 +196,22 @@ class EventPoller:
                         detail=f"{summary.events} new events, {summary.rejected} rejected, "
                                f"{summary.unmatched} unmatched samples", now=now)
         return summary
+
+
+def event_poller(engine: Engine, gateway: Any, settings: Settings, *,
+                 clock: Callable[[], datetime] = utcnow,
+                 on_meter_codes: Callable[[], object] | None = None) -> EventPoller:
+    """The poller every draining process and ``stripe-events poll`` run: within the process's
+    rate limit, asking Stripe about customers as its reports need."""
+    return EventPoller(engine, gateway, clock=clock, on_meter_codes=on_meter_codes,
+                       max_requests_per_second=settings.stripe_max_requests_per_second,
+                       customers=customer_directory(engine, gateway, settings, clock=clock))
+
+
+def customer_directory(engine: Engine, gateway: Any, settings: Settings, *,
+                       clock: Callable[[], datetime] = utcnow) -> CustomerDirectory:
+    """Whether Stripe has a customer, asked at most once per customer per
+    ``STRIPE_METERS_REFRESH_SECONDS``, within the process's rate limit."""
+    return CustomerDirectory(engine, gateway, refresh_seconds=settings.meters_refresh_seconds,
+                             max_requests_per_second=settings.stripe_max_requests_per_second,
+                             clock=clock)

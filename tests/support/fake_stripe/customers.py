@@ -5,7 +5,14 @@ not part of what the product relies on), each with its ``name`` and ``metadata``
 Tests add them with :meth:`CustomersMixin.create_customer` (or ``POST /_fake/stripe_customers``
 from another process). Stripe does not list deleted customers; one made with ``deleted=True``
 is listed as the stub Stripe answers for a deleted customer (``{"id", "object", "deleted":
-true}``), the hostile case a reader must skip."""
+true}``), the hostile case a reader must skip.
+
+``GET /v1/customers/{id}`` answers as Stripe does: the customer; the stub for a deleted one;
+a 404 ``resource_missing`` for an id Stripe does not have. Which customers exist: those created
+here, and those made known with :meth:`FakeStripe.add_customer`; while neither was ever done,
+every customer exists (tests that do not care). The checks after a meter event's 200 use the
+same answer: an event of a deleted or unknown customer is reported
+``meter_event_customer_not_found``. :meth:`CustomersMixin.delete_customer` deletes one later."""
 
 from __future__ import annotations
 
@@ -13,7 +20,7 @@ import threading
 from typing import Any
 from urllib.parse import parse_qs
 
-from .http import Response, invalid, ok
+from .http import Response, error, invalid, ok
 
 
 class CustomersMixin:
@@ -22,7 +29,42 @@ class CustomersMixin:
     _lock: threading.Lock
     page_cap: int
     _stripe_customers: dict[str, dict[str, Any]]
+    _customers: set[str] | None
     customer_list_calls: int
+    #: ``GET /v1/customers/{id}`` calls, by id.
+    customer_lookups: dict[str, int]
+
+    def _customer_state_locked(self, customer_id: str) -> str:
+        """``active``, ``deleted`` or ``missing`` (lock held)."""
+        found = self._stripe_customers.get(customer_id)
+        if found is not None:
+            return "deleted" if found.get("deleted") else "active"
+        if customer_id in (self._customers or ()):
+            return "active"
+        # No customer made known at all: every customer exists (tests that do not care).
+        return "active" if self._customers is None and not self._stripe_customers else "missing"
+
+    def delete_customer(self, customer_id: str) -> None:
+        """Delete a customer (from now on Stripe answers the deleted stub, and the checks
+        after a meter event's 200 refuse its events)."""
+        with self._lock:
+            if self._customers is not None:
+                self._customers.discard(customer_id)
+            self._stripe_customers[customer_id] = {"id": customer_id, "object": "customer",
+                                                   "deleted": True}
+
+    def _serve_customer(self, customer_id: str) -> Response:
+        with self._lock:
+            self.customer_lookups[customer_id] = self.customer_lookups.get(customer_id, 0) + 1
+            state = self._customer_state_locked(customer_id)
+            found = self._stripe_customers.get(customer_id)
+        if state == "missing":
+            return error(404, "invalid_request_error", f"No such customer: '{customer_id}'",
+                         code="resource_missing", param="id")
+        if found is not None:
+            return ok(found)
+        return ok({"id": customer_id, "object": "customer", "name": None, "email": None,
+                   "metadata": {}, "livemode": False, "created": 1})
 
     def create_customer(self, customer_id: str | None = None, *, name: str | None = None,
                         metadata: dict[str, str] | None = None,

@@ -146,6 +146,7 @@ class FakeStripe(FaultsMixin, MeterEventsMixin, StreamMixin, BillingMixin, Custo
         self._usage: list[Usage] = []
         self._stripe_customers: dict[str, dict[str, Any]] = {}
         self.customer_list_calls = 0
+        self.customer_lookups: dict[str, int] = {}
         self._pending_errors: list[AsyncError] = []
         self._events: dict[str, dict[str, Any]] = {}
         self._webhook: tuple[str, str] | None = None
@@ -390,6 +391,8 @@ class FakeStripe(FaultsMixin, MeterEventsMixin, StreamMixin, BillingMixin, Custo
             self._usage.clear()
             self._stripe_customers.clear()
             self.customer_list_calls = 0
+            self.customer_lookups = {}
+            self.customer_error_names_customer = True
             self._pending_errors.clear()
             self._events.clear()
             self._also_accepted.clear()

@@ -210,6 +210,9 @@ class Handler(BaseHTTPRequestHandler):
             self.send(fake._authorized(self, lambda: fake._serve_event_list(query)))
         elif path == CUSTOMERS_PATH:
             self.send(fake._authorized(self, lambda: fake._serve_customer_list(query)))
+        elif path.startswith(CUSTOMERS_PATH + "/") and path.count("/") == 3:
+            customer_id = path[len(CUSTOMERS_PATH) + 1:]
+            self.send(fake._authorized(self, lambda: fake._serve_customer(customer_id)))
         elif path.startswith(EVENTS_PATH + "/"):
             event_id = path[len(EVENTS_PATH) + 1:]
             self.send(fake._authorized(self, lambda: fake._serve_event(event_id)))

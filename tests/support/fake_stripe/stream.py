@@ -92,13 +92,22 @@ class StreamMixin:
 
     #: How long a session token is valid.
     stream_token_seconds: float = TOKEN_SECONDS
-    #: Whether a request-level 400 names its event in ``param`` (Stripe's docs do not say).
-    stream_names_event: bool = True
+    #: Whether a request-level 400 names its event in ``param`` (Stripe's v2 errors carry no
+    #: ``param``; the fake then names it in the message, unless ``stream_message_names_event``
+    #: is False too, and the client must find it by halving).
+    stream_names_event: bool = False
+    stream_message_names_event: bool = True
+    #: What an error report's sample names for an event sent in a stream: ``request`` (the
+    #: request's ``Idempotency-Key``: the SDK documents ``request.identifier`` as "the request
+    #: idempotency key") or ``identifier`` (the event's, as Stripe's example shows).
+    stream_samples_name: str = "request"
 
     def _stream_init(self) -> None:
         """The stream's state as constructed (also what :meth:`FakeStripe.reset` returns to)."""
         self.stream_token_seconds = TOKEN_SECONDS
-        self.stream_names_event = True
+        self.stream_names_event = False
+        self.stream_message_names_event = True
+        self.stream_samples_name = "request"
         self._stream_tokens: dict[str, float] = {}
         self._stream_sessions = 0
         self._stream_calls = 0
@@ -128,7 +137,8 @@ class StreamMixin:
 
     def stream_log(self) -> list[dict[str, Any]]:
         """One dict per stream request, oldest first: ``identifiers``, ``status`` (None for a
-        dropped connection), ``fault``, ``fault_applied``, ``request_id``, ``token``."""
+        dropped connection), ``fault``, ``fault_applied``, ``request_id``, ``token``,
+        ``idempotency_key`` (the request's header), ``started`` (``time.monotonic()``)."""
         with self._lock:
             return [dict(entry) for entry in self._stream_log]
 
@@ -160,7 +170,9 @@ class StreamMixin:
         req_id = request_id()
         entry: dict[str, Any] = {"identifiers": ids, "status": None, "fault": None,
                                  "fault_applied": False, "request_id": req_id,
-                                 "token": bearer_key(handler.headers.get("Authorization"))}
+                                 "token": bearer_key(handler.headers.get("Authorization")),
+                                 "idempotency_key": handler.headers.get("Idempotency-Key"),
+                                 "started": time.monotonic()}
         with self._lock:
             self._stream_calls += 1
             aimed = next((i for i in ids if i in self._targeted), None)
@@ -233,14 +245,20 @@ class StreamMixin:
         if kind in ("500", "502", "504"):
             assert fault is not None
             if fault.apply:
-                self._stream_execute(items)
+                self._stream_execute(items, handler.headers.get("Idempotency-Key"))
             return self._server_error(int(kind)), True
-        self._stream_execute(items)
+        self._stream_execute(items, handler.headers.get("Idempotency-Key"))
         return (DROP if kind == "drop" else ok({})), kind in ("drop", "slow")
 
     def _stream_invalid(self, message: str, param: str) -> Response:
-        named = param if self.stream_names_event or not param.startswith("events[") else None
-        return invalid(message, param=named)
+        """A request-level 400 about the event ``param`` names: as Stripe's v2 errors, with
+        no ``param`` (unless ``stream_names_event``); the message starts with the event's
+        path (unless ``stream_message_names_event`` is False)."""
+        if not param.startswith("events["):
+            return invalid(message, param=param)
+        if self.stream_names_event:
+            return invalid(message, param=param)
+        return invalid(f"{param}: {message}" if self.stream_message_names_event else message)
 
     def _stream_validate(self, events: Any) -> Response | None:
         """The request-level 400 (nothing applied), or None: what Stripe can tell without
@@ -278,8 +296,10 @@ class StreamMixin:
                     f"events[{i}].timestamp")
         return None
 
-    def _stream_execute(self, items: list[dict[str, Any]]) -> None:
-        """Take every event not already accepted; queue what the checks after the 200 find."""
+    def _stream_execute(self, items: list[dict[str, Any]], request_key: str | None) -> None:
+        """Take every event not already accepted; queue what the checks after the 200 find,
+        each sample naming the request's ``Idempotency-Key`` (``stream_samples_name`` is
+        ``request``, what the SDK documents) or the event's identifier."""
         now = self._clock()
         with self._lock:
             for e in items:
@@ -296,11 +316,13 @@ class StreamMixin:
                 payload = {str(k): str(v) for k, v in e["payload"].items()}
                 customer = payload.get(meter.customer_key if meter else "stripe_customer_id", "")
                 value = payload.get(meter.value_key if meter else "value", "")
+                named = (request_key if self.stream_samples_name == "request" and request_key
+                         else identifier)
                 self._take(AcceptedEvent(identifier=identifier, event_name=name,
                                          customer=customer, value=value, timestamp=timestamp,
                                          received_at=now, payload=payload),
                            self._stream_check(meter, name, customer, value, timestamp, now),
-                           again=first is not None)
+                           again=first is not None, sample_names=named)
 
     def _stream_check(self, meter: FakeMeter | None, name: str, customer: str, value: str,
                       timestamp: int, now: float) -> tuple[str, str] | None:
