@@ -152,7 +152,7 @@ def test_cancel_from_the_event_page_asks_first(live: Flask, engine: Engine, fake
     page = client.get(f"/events/{eid}").get_data(as_text=True)
     assert "Cancel at Stripe…" in page
     confirm = client.get(f"/events/{eid}/cancel").get_data(as_text=True)
-    assert "It will not be on the invoice" in confirm
+    assert "an invoice Stripe has finalized, that invoice is not changed" in confirm
     token = csrf_of(client)
     unticked = client.post(f"/events/{eid}/cancel", data={"reason": "duplicate", "note": "x",
                                                           "csrf_token": token})
@@ -161,7 +161,7 @@ def test_cancel_from_the_event_page_asks_first(live: Flask, engine: Engine, fake
                                                       "confirm": "yes", "csrf_token": token})
     assert done.status_code == 303 and seed.get(eid).status == "cancelled"
     assert fake.accepted()["to-cancel"].cancelled
-    assert "will not be billed" in client.get(f"/events/{eid}").get_data(as_text=True)
+    assert "Cancelled at Stripe" in client.get(f"/events/{eid}").get_data(as_text=True)
 
 
 def test_reconcile_now_runs_in_the_background(live: Flask, engine: Engine,

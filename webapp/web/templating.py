@@ -15,7 +15,7 @@ from markupsafe import Markup, escape
 from ..config import STRIPE_API_BASE_DEFAULT
 from ..db import reading
 from ..read.health import Health, health
-from ..read.words import is_duplicate, outcome_words, state_words
+from ..read.words import CANCEL_WORDS, is_duplicate, outcome_words, state_words
 from ..users import MIN_PASSWORD, has_role
 from .common import now, svc
 from .security import csrf_token, current_user
@@ -195,7 +195,7 @@ def init_app(app: Flask) -> None:
                                  event_url=event_url, usage_rows=usage_rows,
                                  usage_events_url=usage_events_url,
                                  stripe_url=stripe_url, stripe_link=stripe_link,
-                                 min_password=MIN_PASSWORD)
+                                 min_password=MIN_PASSWORD, cancel_words=CANCEL_WORDS)
 
     @app.context_processor
     def inject() -> dict[str, Any]:
