@@ -113,13 +113,16 @@ def reconcile(since: str | None, until: str | None, tenant: str | None,
 @click.option("--reason", required=True, type=click.Choice(list(RESOLVE_REASONS)))
 @click.option("--note", required=True)
 def cancel(ids: tuple[int, ...], reason: str, note: str) -> None:
-    """Cancel the events at Stripe; say what that does, and which ones Stripe refused."""
+    """Cancel the events at Stripe; print Stripe's answer for each and what a cancel does,
+    and the events Stripe refused."""
     from ..worker import cancel_events
 
     svc = _svc()
     outcome = cancel_events(svc.engine, _gateway(), ids, actor=_actor(), reason=reason,
                             note=note, now=svc.clock())
     click.echo(f"cancelled {len(outcome.cancelled)} event(s)")
+    for event_id, adjustment in outcome.adjustments.items():
+        click.echo(f"  {event_id}: {adjustment.words()}")
     if outcome.cancelled:
         click.echo(f"{CANCEL_WORDS.off_the_meter}\n{CANCEL_WORDS.finalized_invoice}")
     if outcome.refused:

@@ -131,9 +131,9 @@ def cancel(event_id: int) -> ResponseReturnValue:
         return redirect(url_for("events.cancel_confirm", event_id=event_id), code=303)
     outcome = cancel_events(svc().engine, gateway, [event_id], actor=user.email,
                             reason=REASON.get(), note=NOTE.get(), now=now())
-    if outcome.cancelled:
-        flash(f"Event {event_id} is cancelled at Stripe: its usage comes off the meter. "
-              f"{CANCEL_WORDS.finalized_invoice}", "ok")
+    for done, adjustment in outcome.adjustments.items():
+        flash(f"Event {done} is cancelled at Stripe: {adjustment.words()}. Its usage "
+              f"comes off the meter. {CANCEL_WORDS.finalized_invoice}", "ok")
     for _, why in outcome.refused:
         flash(f"Nothing changed: {why}", "error")
     return redirect(back, code=303)
