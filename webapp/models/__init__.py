@@ -30,10 +30,10 @@ from .reports import REPORT_STATUSES, UsageReport, UsageReportRow
 from .stripe_sync import (
     ReconciliationMismatch,
     ReconciliationRun,
+    StreamRequest,
     StripeErrorSample,
     StripeEvent,
     StripeMeter,
-    StreamRequest,
     SyncState,
 )
 
@@ -47,7 +47,7 @@ __all__ = [
     "ReconciliationRun", "RollupState", "SentUsageDay", "SentUsageMonthly", "SentUsageRollup",
     "SentUsageYearly",
     "StripeErrorSample", "StripeEvent",
-    "StripeMeter", "StreamRequest", "SyncState", "TEXT_LIMIT", "Tenant", "UTCDateTime", "UsageReport",
-    "UsageReportRow", "User", "clean", "fit",
+    "StripeMeter", "StreamRequest", "SyncState", "TEXT_LIMIT", "Tenant", "UTCDateTime",
+    "UsageReport", "UsageReportRow", "User", "clean", "fit",
     "fit_json_list", "fit_key", "fits", "limit_of", "utcnow",
 ]
