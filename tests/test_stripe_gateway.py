@@ -123,3 +123,32 @@ def test_no_such_meter_is_a_missing_meter_not_a_dead_event() -> None:
     exc = _error(stripe.InvalidRequestError, 400, None,
                  "No active meter was found for event_name 'x'.")
     assert classify_error(exc).outcome.value == "meter_missing"
+
+
+def test_a_cancel_returns_the_adjustments_status_and_id_as_stripe_answered(
+        fake_stripe: Any) -> None:
+    """Stripe's v1 adjustment carries a status and, as documented, no id: the answer then has
+    none, and the call's request id; an id is passed on when the answer carries one. A
+    refusal is classified like any call, with no status."""
+    from datetime import timedelta
+
+    from webapp.stripe_gateway import MeterEvent, StripeGateway
+
+    fake_stripe.add_meter("api_requests")
+    gateway = StripeGateway("sk_test_cancel", api_base=fake_stripe.base_url, timeout_seconds=5)
+    at = utcnow() - timedelta(minutes=1)
+    for i in range(2):
+        assert gateway.send(MeterEvent("api_requests", "cus_c", 1, f"c-{i}", at),
+                            f"c-{i}").http_status == 200
+    plain = gateway.cancel_meter_event("api_requests", "c-0")
+    fake_stripe.answer_adjustments(status="complete", ids=True)
+    with_id = gateway.cancel_meter_event("api_requests", "c-1")
+    refused = gateway.cancel_meter_event("api_requests", "never-sent")
+    first, second = fake_stripe.adjustments()
+    assert (plain.call.outcome.value, plain.status, plain.adjustment_id) == (
+        "delivered", "pending", None)
+    assert plain.call.request_id == first["request_id"]
+    assert (with_id.status, with_id.adjustment_id) == ("complete", second["id"])
+    assert second["id"].startswith("mea_") and with_id.call.request_id == second["request_id"]
+    assert (refused.call.outcome.value, refused.call.http_status, refused.status,
+            refused.adjustment_id) == ("permanent", 400, None, None)

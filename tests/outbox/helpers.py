@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from webapp.models import OutboxEvent, utcnow
 from webapp.outbox import enqueue_usage
+from webapp.outbox.adjustments import CancelAnswer
 from webapp.outbox.claims import Claim, claim_batch
 from webapp.outbox.operations import set_tenant
 from webapp.outbox.record import AttemptRecord
@@ -70,3 +71,10 @@ E429 = CallResult(Outcome.NOT_EXECUTED, http_status=429, retry_after=2.0)
 E401 = CallResult(Outcome.SYSTEMIC, http_status=401, error_class="AuthenticationError")
 
 
+
+
+def taken(ids: list[int]) -> dict[int, CancelAnswer]:
+    """Stripe's answer to a cancel of each event, as it answers a fresh adjustment."""
+    return {i: CancelAnswer(CallResult(Outcome.DELIVERED, http_status=200,
+                                       request_id=f"req_cancel_{i}"), status="pending")
+            for i in ids}

@@ -24,7 +24,7 @@ from webapp.outbox.record import record_outcomes
 from webapp.outbox.retention import PRUNABLE, prune, pruned_totals
 from webapp.read.tenants import usage_in
 
-from .helpers import OK, PERM, POLICY, attempt
+from .helpers import OK, PERM, POLICY, attempt, taken
 
 T = OutboxEvent.__table__
 A = DeliveryAttempt.__table__
@@ -136,7 +136,7 @@ class World:
 
     def cancel(self) -> None:
         if ids := self._some("sent"):
-            record_cancelled(self.engine, ids, actor="t@example.com", reason="duplicate",
+            record_cancelled(self.engine, taken(ids), actor="t@example.com", reason="duplicate",
                              note="test", now=self.t)
 
     def resolve(self) -> None:
@@ -306,7 +306,7 @@ def test_whole_months_read_the_monthly_rollup_and_agree_with_the_rows(engine, se
     ids = [seed.event(now=start + timedelta(days=i, hours=h), status="sent", quantity=i % 4 + h,
                       tenant_id=("acme", "globex")[h % 2]) for i in range(92) for h in (0, 1)]
     rollups.fold(engine, now=start + timedelta(days=100), margin=MARGIN)
-    record_cancelled(engine, ids[::7], actor="t", reason="duplicate", note="n",
+    record_cancelled(engine, taken(ids[::7]), actor="t", reason="duplicate", note="n",
                      now=start + timedelta(days=100))
     rows = _snapshot(engine)
     d = date

@@ -93,6 +93,8 @@ def test_folds_racing_cancels_and_sends_count_each_event_once(engine, seed) -> N
     from webapp.models import OutboxEvent
     from webapp.outbox.operations import record_cancelled
 
+    from .helpers import taken
+
     T = OutboxEvent.__table__
     base = utcnow().replace(second=0, microsecond=0) - timedelta(days=3)
     ids = []
@@ -119,7 +121,7 @@ def test_folds_racing_cancels_and_sends_count_each_event_once(engine, seed) -> N
     def cancels() -> None:
         rng = random.Random(7)
         while not stop.is_set():
-            record_cancelled(engine, rng.sample(ids, 3), actor="t", reason="duplicate",
+            record_cancelled(engine, taken(rng.sample(ids, 3)), actor="t", reason="duplicate",
                              note="race", now=utcnow())
 
     def sends() -> None:

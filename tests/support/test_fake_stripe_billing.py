@@ -170,6 +170,11 @@ def test_adjustments_cancel_within_24_hours_only(fake: FakeStripe, client: Any,
 
     adjustment = cancel("a1")
     assert (adjustment.status, adjustment.cancel.identifier) == ("pending", "a1")
+    assert adjustment.object == "billing.meter_event_adjustment"
+    assert "id" not in adjustment.to_dict()               # the v1 object documents none
+    assert fake.adjustments() == [{"identifier": "a1", "event_name": "api_requests",
+                                   "status": "pending", "id": None,
+                                   "request_id": adjustment.last_response.request_id}]
     assert summaries(client, fake, "cus_A", MIDNIGHT, MIDNIGHT + DAY, "day") == [
         (MIDNIGHT, 3.0)]
     clock.now += DAY + 1
@@ -193,3 +198,28 @@ def test_an_identifier_is_deduplicated_only_for_the_window(
     assert [e.identifier for e in fake.also_accepted()] == ["d1"]   # Stripe counts it twice
     day = int(NOW) // DAY * DAY
     assert summaries(client, fake, "cus_A", day - DAY, day + DAY, "day") == [(day, 6.0)]
+
+
+def test_adjustments_answer_as_a_test_asks(fake: FakeStripe, client: Any) -> None:
+    for n in range(3):
+        send(client, params(f"b{n}", timestamp=MIDNIGHT + 60 + n), f"kb{n}")
+
+    def cancel(identifier: str) -> Any:
+        return client.v1.billing.meter_event_adjustments.create(params={
+            "event_name": "api_requests", "type": "cancel", "cancel": {"identifier": identifier}})
+
+    fake.answer_adjustments(status="complete", ids=True)
+    first, second = cancel("b0"), cancel("b1")
+    assert (first.status, second.status) == ("complete", "complete")
+    assert first.id.startswith("mea_") and second.id.startswith("mea_") and first.id != second.id
+    fake.answer_adjustments(ids="mea_" + "x" * 300)
+    third = cancel("b2")
+    assert (third.status, third.id) == ("pending", "mea_" + "x" * 300)
+    assert [(a["identifier"], a["status"], a["id"]) for a in fake.adjustments()] == [
+        ("b0", "complete", first.id), ("b1", "complete", second.id),
+        ("b2", "pending", third.id)]
+    fake.reset()                                          # back to Stripe's own answer
+    assert fake.adjustments() == []
+    send(client, params("b3", timestamp=MIDNIGHT + 63), "kb3-again")
+    fourth = cancel("b3")
+    assert fourth.status == "pending" and "id" not in fourth.to_dict()

@@ -28,6 +28,7 @@ from webapp.outbox import enqueue_usage
 from webapp.outbox.control import pause_state
 from webapp.outbox.operations import set_tenant
 from webapp.read.audit import SIGN_IN_ACTIONS
+from webapp.read.words import CANCEL_WORDS
 
 T = OutboxEvent.__table__
 AUDIT = AuditEntry.__table__
@@ -524,3 +525,11 @@ def test_prune_as_the_contract_says(env: dict[str, str], engine: Engine, seed: A
     short = cli("prune", env=dict(env, OUTBOX_RETENTION_DAYS="30"))
     assert short.returncode == 2 and short.stderr.count("\n") == 1, short.stderr
     assert "OUTBOX_RETENTION_DAYS must be at least 36" in short.stderr
+
+
+def test_cancel_help_says_what_stripe_does_and_promises_no_more(tmp_path: Path) -> None:
+    helped = ok(cli("cancel", "--help", env=worker_env(f"sqlite:///{tmp_path}/help.db")))
+    words = " ".join(helped.stdout.split())
+    for line in CANCEL_WORDS:
+        assert line in words, line
+    assert "not be billed" not in words and "not be on the invoice" not in words

@@ -1,10 +1,14 @@
-"""The event page: every field, every attempt, the audit entries touching it."""
+"""The event page: every field, every attempt, the audit entries touching it; what a cancel
+at Stripe says it does."""
 
 from __future__ import annotations
+
+from html import unescape
 
 from webapp.models import utcnow
 from webapp.outbox.meters import MeterInfo, store_meters
 from webapp.outbox.sync import METERS, record_run
+from webapp.read.words import CANCEL_WORDS, STATE_WORDS
 
 from .conftest import csrf_of
 
@@ -106,3 +110,30 @@ def test_an_event_of_a_pre_aggregated_meter_says_why_it_is_not_sent(client_as, s
     store_meters(engine, [MeterInfo("seats", "mtr_2", "active")], now=now)
     html = client_as("viewer").get(f"/events/{waiting}").get_data(as_text=True)
     assert 'id="waits-for-meter"' not in html and "pre-aggregated" not in html
+
+
+#: What a cancel must not promise: Stripe does not reopen an invoice it finalized.
+PROMISES = ("will not be on the invoice", "not billed", "will not be billed", "'s invoice")
+
+
+def test_the_cancel_confirm_says_what_stripe_does_and_promises_no_more(client_as,
+                                                                       seed) -> None:
+    ev = seed.event(status="sent", tenant_id="acme", quantity=7)
+    page = unescape(client_as("operator").get(f"/events/{ev}/cancel").get_data(as_text=True))
+    for line in CANCEL_WORDS:
+        assert line in page, line
+    assert "invoice Stripe has finalized, that invoice is not changed" in page
+    assert "credit the customer in Stripe" in page and "within 24 hours" in page
+    assert "Take these 7 units off acme's meter at Stripe" in page
+    for promise in PROMISES:
+        assert promise not in page, promise
+
+
+def test_a_cancelled_event_says_a_finalized_invoice_is_not_changed(client_as, seed) -> None:
+    ev = seed.event(status="cancelled", sent_at=utcnow(), cancelled_at=utcnow(),
+                    cancel_reason="duplicate", cancelled_by="ops@example.com")
+    page = unescape(client_as("viewer").get(f"/events/{ev}").get_data(as_text=True))
+    assert "Cancelled at Stripe" in page and STATE_WORDS["cancelled"] in page
+    assert CANCEL_WORDS.finalized_invoice in page
+    for promise in PROMISES:
+        assert promise not in page, promise

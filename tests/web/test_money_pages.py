@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from datetime import timedelta
+from html import unescape
 from typing import Any
 
 import pytest
@@ -176,12 +177,19 @@ def live(engine: Engine, db_url: str, fake: FakeStripe, users: dict[str, str]) -
     return create_app({"TESTING": True}, settings=settings, engine=engine, start_drainer=False)
 
 
+@pytest.mark.parametrize("with_id", [False, True], ids=["request-id", "adjustment-id"])
 def test_cancel_from_the_event_page_asks_first(live: Flask, engine: Engine, fake: FakeStripe,
-                                               users: dict[str, str], seed: Any) -> None:
+                                               users: dict[str, str], seed: Any,
+                                               with_id: bool) -> None:
+    """The button asks first, then cancels at Stripe; the event keeps Stripe's answer (its
+    status, and the adjustment's id when the answer has one, else the call's request id),
+    and its page, the flash and the audit entry show it."""
     from webapp.worker import Drainer
 
     seed.tenant("acme", "cus_acme")
     eid = seed.event(status="pending", idempotency_key="to-cancel")
+    if with_id:
+        fake.answer_adjustments(status="complete", ids=True)
     drainer = Drainer(engine, live.extensions["billing_outbox"].settings)
     drainer.drain_once()
     drainer.close()
@@ -190,7 +198,7 @@ def test_cancel_from_the_event_page_asks_first(live: Flask, engine: Engine, fake
     page = client.get(f"/events/{eid}").get_data(as_text=True)
     assert "Cancel at Stripe…" in page
     confirm = client.get(f"/events/{eid}/cancel").get_data(as_text=True)
-    assert "It will not be on the invoice" in confirm
+    assert "an invoice Stripe has finalized, that invoice is not changed" in confirm
     token = csrf_of(client)
     unticked = client.post(f"/events/{eid}/cancel", data={"reason": "duplicate", "note": "x",
                                                           "csrf_token": token})
@@ -199,7 +207,18 @@ def test_cancel_from_the_event_page_asks_first(live: Flask, engine: Engine, fake
                                                       "confirm": "yes", "csrf_token": token})
     assert done.status_code == 303 and seed.get(eid).status == "cancelled"
     assert fake.accepted()["to-cancel"].cancelled
-    assert "will not be billed" in client.get(f"/events/{eid}").get_data(as_text=True)
+    [answered] = fake.adjustments()
+    status, reference = (("complete", answered["id"]) if with_id
+                         else ("pending", answered["request_id"]))
+    r = seed.get(eid)
+    assert (r.cancel_adjustment_status, r.cancel_adjustment_id) == (status, reference)
+    page = client.get(f"/events/{eid}").get_data(as_text=True)
+    said = f"Event {eid} is cancelled at Stripe: adjustment {status}, id {reference}."
+    assert said in unescape(page)                                   # the flash
+    assert f"<h2>Cancelled at Stripe: adjustment {status}</h2>" in page
+    assert f"id <code>{reference}</code>" in page
+    assert ("the meter may show the usage for a little while" in page) == (status == "pending")
+    assert f"Stripe answered: event {eid}: adjustment {status}, id {reference}" in page  # audit
 
 
 def test_reconcile_now_runs_in_the_background(live: Flask, engine: Engine,

@@ -25,6 +25,7 @@ from support.fake_stripe import AsyncError, FakeStripe
 from webapp import create_app
 from webapp.db import reading
 from webapp.models import (
+    AuditEntry,
     DeliveryAttempt,
     OutboxEvent,
     ReconciliationRun,
@@ -36,7 +37,14 @@ from webapp.models import (
 )
 from webapp.outbox import control, enqueue_usage, operations
 from webapp.outbox.meters import known_meters
-from webapp.worker import Drainer, EventPoller, MeterRefresher, gateway_from, reconcile
+from webapp.worker import (
+    Drainer,
+    EventPoller,
+    MeterRefresher,
+    cancel_events,
+    gateway_from,
+    reconcile,
+)
 
 T = OutboxEvent.__table__
 A = DeliveryAttempt.__table__
@@ -158,6 +166,42 @@ def test_a_lost_connection_is_retried_and_a_poisoned_401_pauses_with_a_clean_rea
         state = control.pause_state(conn)
     assert state.paused and state.reason is not None
     assert EXPECTED_MESSAGE in state.reason and "\x00" not in state.reason
+
+
+# -- cancelling -------------------------------------------------------------------------------
+
+#: A status and an adjustment id as a poisoned answer would carry them.
+POISONED_STATUS = "complete nul:\x00 half:\ud800 " + "s" * 300
+POISONED_ID = "mea_😀 nul:\x00 half:\ud800 " + "i" * 400
+
+
+@pytest.mark.parametrize("with_id", [False, True], ids=["request-id", "adjustment-id"])
+def test_a_cancel_answered_with_a_poisoned_status_and_id_is_recorded_with_them_cut(
+        engine: Engine, fake: FakeStripe, drainer: Drainer, settings: Any,
+        with_id: bool) -> None:
+    eid = enqueue(engine, "poison:cancel")
+    assert drainer.drain_once().sent == 1
+    fake.poison(request_id=LONG_REQUEST_ID)
+    fake.answer_adjustments(status=POISONED_STATUS, ids=POISONED_ID if with_id else False)
+    gateway = gateway_from(settings)
+    assert gateway is not None
+    try:
+        out = cancel_events(engine, gateway, [eid], actor="ops@example.com",
+                            reason="duplicate", note="poisoned answer", now=utcnow())
+    finally:
+        gateway.close()
+    assert (out.cancelled, out.refused) == ([eid], [])
+    r = row(engine, eid)
+    status = "complete nul:\ufffd half:\ufffd " + "s" * 300
+    reference = ("mea_😀 nul:\ufffd half:\ufffd " + "i" * 400 if with_id else LONG_REQUEST_ID)
+    assert r.status == "cancelled"
+    assert (r.cancel_adjustment_status, r.cancel_adjustment_id) == (status[:20],
+                                                                    reference[:255])
+    with engine.connect() as conn:
+        [note] = conn.execute(select(AuditEntry.__table__.c.note)
+                              .where(AuditEntry.__table__.c.action == "cancel")).scalars()
+    assert note == (f"poisoned answer\nStripe answered: event {eid}: adjustment "
+                    f"{status[:20]}, id {reference[:255]}")
 
 
 # -- error reports --------------------------------------------------------------------------

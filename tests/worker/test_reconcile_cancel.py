@@ -18,6 +18,7 @@ from support.fake_stripe import FakeStripe
 from webapp.models import AuditEntry, OutboxEvent, utcnow
 from webapp.outbox import enqueue_usage, operations
 from webapp.outbox.reconciliation import spans
+from webapp.read.words import CANCEL_WORDS
 from webapp.worker import Drainer, cancel_events, gateway_from, reconcile
 
 T = OutboxEvent.__table__
@@ -175,8 +176,15 @@ def test_cancel_within_24h_takes_the_units_off_at_stripe(engine: Engine, fake: F
         audit = conn.execute(select(AuditEntry.__table__)).all()
     assert (r.status, r.cancel_reason, r.cancelled_by) == ("cancelled", "duplicate",
                                                            "ops@example.com")
-    assert [(a.action, a.event_ids) for a in audit if a.action == "cancel"] == [
-        ("cancel", str(drop))]
+    # Stripe's answer is kept: pending, and (no id in v1's answer) the call's request id.
+    [answered] = fake.adjustments()
+    assert (r.cancel_adjustment_status, r.cancel_adjustment_id) == ("pending",
+                                                                    answered["request_id"])
+    assert out.adjustments[drop].words() == f"adjustment pending, id {answered['request_id']}"
+    [entry] = [a for a in audit if a.action == "cancel"]
+    assert entry.event_ids == str(drop)
+    assert entry.note == ("double-recorded by the app\nStripe answered: event "
+                          f"{drop}: adjustment pending, id {answered['request_id']}")
     after = gateway.meter_event_summaries(meter_id, "cus_acme", start=day_start(1),
                                           end=day_start(0), grouping="day")
     assert [s.value for s in after] == [5.0]
@@ -216,5 +224,45 @@ def test_the_cancel_command_cancels_and_stripes_refusal_is_reported(
     assert "cancelled 1 event(s)" in done.stdout
     assert f"{b}: Stripe did not cancel it" in done.stderr
     with engine.connect() as conn:
-        statuses = dict(conn.execute(select(T.c.id, T.c.status)).all())  # type: ignore[arg-type]
-    assert statuses == {a: "cancelled", b: "sent"}
+        rows = {r.id: r for r in conn.execute(select(T))}
+    assert {i: r.status for i, r in rows.items()} == {a: "cancelled", b: "sent"}
+    assert (rows[b].cancel_adjustment_status, rows[b].cancel_adjustment_id) == (None, None)
+
+
+@pytest.mark.parametrize("with_id", [False, True], ids=["request-id", "adjustment-id"])
+def test_the_cancel_command_keeps_and_prints_stripes_answer_for_each_event(
+        engine: Engine, fake: FakeStripe, settings: Any, db_url: str, with_id: bool) -> None:
+    """Each event keeps the status Stripe answered and what support quotes to Stripe: the
+    adjustment's id when the answer has one, else the request id of its own call. The
+    command prints them, and says what a cancel does and does not do."""
+    operations.set_tenant(engine, "acme", stripe_customer_id="cus_acme", name=None,
+                          now=utcnow())
+    [a, b] = send(engine, settings, [("acme", "api_requests", 5, day_start(1)),
+                                     ("acme", "api_requests", 6, day_start(1))])
+    if with_id:
+        fake.answer_adjustments(status="complete", ids=True)
+    done = cli("cancel", str(a), str(b), "--reason", "duplicate", "--note", "twice",
+               env=worker_env(db_url, fake.base_url))
+    assert done.returncode == 0, done.stderr
+    answered = {x["identifier"]: x for x in fake.adjustments()}
+    expected = {}
+    for n, event_id in enumerate((a, b)):
+        answer = answered[f"acme:api_requests:{n}"]
+        expected[event_id] = ("complete", answer["id"]) if with_id else (
+            "pending", answer["request_id"])
+    assert len({ref for _, ref in expected.values()}) == 2         # each event its own
+    with engine.connect() as conn:
+        kept = {r.id: (r.cancel_adjustment_status, r.cancel_adjustment_id)
+                for r in conn.execute(select(T))}
+        [note] = conn.execute(select(AuditEntry.__table__.c.note)
+                              .where(AuditEntry.__table__.c.action == "cancel")).scalars()
+    assert kept == expected
+    lines = done.stdout.splitlines()
+    assert lines[:3] == ["cancelled 2 event(s)",
+                         f"  {a}: adjustment {expected[a][0]}, id {expected[a][1]}",
+                         f"  {b}: adjustment {expected[b][0]}, id {expected[b][1]}"]
+    assert CANCEL_WORDS.finalized_invoice in done.stdout
+    assert CANCEL_WORDS.off_the_meter in done.stdout
+    assert note == (f"twice\nStripe answered: event {a}: adjustment {expected[a][0]}, id "
+                    f"{expected[a][1]}; event {b}: adjustment {expected[b][0]}, id "
+                    f"{expected[b][1]}")

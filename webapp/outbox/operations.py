@@ -7,18 +7,19 @@ resume sending. Every action is audited in its own transaction; every refusal ra
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, func, insert, select
+from sqlalchemy import Connection, Engine, bindparam, func, insert, select
 from sqlalchemy import update as sa_update
 from sqlalchemy.exc import IntegrityError
 
-from ..audit import write_audit
+from ..audit import AUDIT, write_audit
 from ..db import reading as reading_conn
 from ..models import fit, fits, limit_of
+from .adjustments import CancelAnswer, KeptAdjustment, kept
 from .control import OPERATOR, set_paused
 from .rollups import lock_sent_mark, unfold_sent
 from .sql import SENT_AS, TENANTS, T, as_utc, id_in
@@ -305,26 +306,54 @@ def cancel_targets(engine: Engine, ids: Sequence[int], *, reason: str, note: str
     return [Cancellable(i, rows[i].meter, rows[i].sent_as) for i in ids]
 
 
-def record_cancelled(engine: Engine, ids: Sequence[int], *, actor: str, reason: str,
-                     note: str, now: datetime) -> ActionResult:
-    """Stripe cancelled these events (a meter event adjustment each): ``cancelled``, out of
-    the usage rollup, audited. Events that left ``sent`` meanwhile are left alone."""
+@dataclass(frozen=True)
+class CancelRecord(ActionResult):
+    """The events recorded ``cancelled``, and Stripe's answer for each as it keeps it."""
+
+    adjustments: dict[int, KeptAdjustment]
+
+
+def record_cancelled(engine: Engine, answers: Mapping[int, CancelAnswer], *, actor: str,
+                     reason: str, note: str, now: datetime) -> CancelRecord:
+    """Stripe took these cancels (a meter event adjustment each; its answer by event id): the
+    events become ``cancelled``, out of the usage rollup, each keeping Stripe's answer as
+    :func:`~.adjustments.kept` says (whatever Stripe sent, never refused), and one audit
+    entry keeps the note and every answer. Events that left ``sent`` meanwhile are left
+    alone."""
+    answered = {i: kept(a) for i, a in answers.items()}
     with engine.begin() as conn:
         mark = lock_sent_mark(conn)
         moved = conn.execute(
             select(T.c.id, T.c.sent_at, T.c.occurred_at, T.c.tenant_id, T.c.meter, T.c.quantity)
-            .where(id_in(conn, T.c.id, list(ids)), T.c.status == Status.SENT.value)).all()
-        done = [int(r.id) for r in moved]
+            .where(id_in(conn, T.c.id, list(answered)), T.c.status == Status.SENT.value)).all()
+        still_sent = {int(r.id) for r in moved}
+        done = [i for i in answered if i in still_sent]
         if done:
-            conn.execute(sa_update(T).where(id_in(conn, T.c.id, done),
+            conn.execute(sa_update(T).where(T.c.id == bindparam("event_id"),
                                             T.c.status == Status.SENT.value)
                          .values(status=Status.CANCELLED.value, cancelled_at=now,
                                  cancelled_by=actor, cancel_reason=reason,
-                                 cancel_note=note.strip(), updated_at=now))
+                                 cancel_note=note.strip(), updated_at=now,
+                                 cancel_adjustment_status=bindparam("adjustment_status"),
+                                 cancel_adjustment_id=bindparam("adjustment_reference")),
+                         [{"event_id": i, "adjustment_status": answered[i].status,
+                           "adjustment_reference": answered[i].reference} for i in done])
             unfold_sent(conn, mark, moved)
+        adjustments = {i: answered[i] for i in done}
         audit_id = write_audit(conn, actor=actor, action="cancel", event_ids=done,
-                               reason_code=reason, note=note.strip(), now=now)
-    return ActionResult(audit_id, done)
+                               reason_code=reason, now=now,
+                               note=_with_answers(note.strip(), adjustments))
+    return CancelRecord(audit_id, done, adjustments)
+
+
+def _with_answers(note: str, adjustments: Mapping[int, KeptAdjustment]) -> str:
+    """A cancel's note for its audit entry, followed by Stripe's answer for each event (that
+    part cut to the note's column, so a long list never fails the record)."""
+    if not adjustments:
+        return note
+    answers = "; ".join(f"event {i}: {a.words()}" for i, a in adjustments.items())
+    said: str = fit(AUDIT.c.note, f"Stripe answered: {answers}")
+    return f"{note}\n{said}"
 
 
 # -- the sending switch ----------------------------------------------------------------------

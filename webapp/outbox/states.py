@@ -19,7 +19,8 @@ Statuses, and what moves an event out of each:
 ``rejected``    Stripe accepted the call, then reported the event invalid: nothing billed. A
                 person fixes the cause and requeues it (under a new identifier), or resolves it.
 ``resolved``    a person closed it with a reason (billed manually, duplicate, …). Final.
-``cancelled``   cancelled at Stripe by a meter event adjustment: not billed. Final.
+``cancelled``   cancelled at Stripe by a meter event adjustment: its usage comes off the
+                meter (an invoice Stripe already finalized keeps it). Final.
 
 The same moves are :data:`EDGES`, as data: :func:`allowed` answers whether a move may start
 from a status, and a table test walks every edge. Only :mod:`webapp.outbox` writes ``status``.

@@ -1,9 +1,12 @@
 """Plain words for the codes the dashboard shows: one line for each event state and each call
-outcome, and why a pre-aggregated meter's events wait, written for finance and support staff.
-The one place these sentences live; the templates reach them through the ``state_words``,
-``outcome_words`` and ``pre_aggregated_words`` filters."""
+outcome, why a pre-aggregated meter's events wait, what a cancel at Stripe does and how a
+rejection was traced to its event, written for finance and support staff. The one place these
+sentences live; the templates reach them through the ``state_words``, ``outcome_words``,
+``pre_aggregated_words`` and ``found_by_words`` filters (and ``cancel_words``)."""
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 from ..outbox.states import Outcome, Status
 
@@ -16,8 +19,28 @@ STATE_WORDS: dict[str, str] = {
     Status.DEAD: "Sending stopped: a person must requeue or resolve it.",
     Status.REJECTED: "Stripe accepted it, then refused it: nothing was billed.",
     Status.RESOLVED: "Closed by a person with a reason; it will not be sent.",
-    Status.CANCELLED: "Withdrawn at Stripe by a person after it was sent: not billed.",
+    Status.CANCELLED: ("A person cancelled it at Stripe: usage off the meter; a finalized "
+                       "invoice is not changed."),
 }
+
+
+class CancelWords(NamedTuple):
+    """What a cancel at Stripe (a meter event adjustment) does and does not do: Stripe's own
+    promise, no more. The confirm step and the ``cancel`` command say all of it, in order."""
+
+    off_the_meter: str
+    finalized_invoice: str
+    within_24_hours: str
+
+
+CANCEL_WORDS = CancelWords(
+    off_the_meter="Stripe takes the event's usage off the customer's meter, with an adjustment "
+                  "it may apply a little later: until then the meter can still show the usage.",
+    finalized_invoice="If that usage is already on an invoice Stripe has finalized, that "
+                      "invoice is not changed: credit the customer in Stripe instead.",
+    within_24_hours="Stripe accepts a cancel only within 24 hours of accepting the event. It "
+                    "cannot be undone here: to bill the usage after all, record it again.",
+)
 
 #: What each outcome of one call to Stripe means, in one line.
 OUTCOME_WORDS: dict[str, str] = {

@@ -16,6 +16,7 @@ import requests
 import stripe
 
 from ..outbox import customers
+from ..outbox.adjustments import CancelAnswer
 from ..outbox.customers import CustomerCheck
 from ..outbox.meters import DEFAULT_CUSTOMER_KEY, DEFAULT_VALUE_KEY, MeterInfo
 from ..outbox.rejections import StripeReport
@@ -233,19 +234,24 @@ class StripeGateway:
                 Outcome.PERMANENT, error_class="MalformedAnswer",
                 message=f"an item could not be read: {exc}")) from exc
 
-    def cancel_meter_event(self, event_name: str, identifier: str) -> CallResult:
+    def cancel_meter_event(self, event_name: str, identifier: str) -> CancelAnswer:
         """``POST /v1/billing/meter_event_adjustments`` (``type=cancel``): Stripe takes it
-        only within 24 hours of receiving the event. The classified outcome."""
+        only within 24 hours of receiving the event. The classified outcome and, when Stripe
+        took it, the adjustment's status and its id if the answer has one, as Stripe sent
+        them."""
         try:
             adjustment = self._client.v1.billing.meter_event_adjustments.create(
                 params={"event_name": event_name, "type": "cancel",
                         "cancel": {"identifier": identifier}},
                 options={"idempotency_key": f"cancel:{identifier}"})
         except stripe.StripeError as exc:
-            return classify_error(exc)
+            return CancelAnswer(classify_error(exc))
         response = getattr(adjustment, "last_response", None)
-        return CallResult(Outcome.DELIVERED, http_status=200,
-                          request_id=getattr(response, "request_id", None))
+        body = adjustment.to_dict()
+        return CancelAnswer(CallResult(Outcome.DELIVERED, http_status=200,
+                                       request_id=getattr(response, "request_id", None)),
+                            status=_text(body.get("status")),
+                            adjustment_id=_text(body.get("id")))
 
     def close(self) -> None:
         self._http.close()

@@ -12,6 +12,7 @@ from flask import current_app
 
 from ..config import ConfigError
 from ..outbox.operations import RESOLVE_REASONS
+from ..read.words import CANCEL_WORDS
 from ..services import Services, services_of
 from ..stripe_gateway import StripeCallFailed
 
@@ -105,18 +106,24 @@ def reconcile(since: str | None, until: str | None, tenant: str | None,
         raise StripeUnreachable("; ".join(run.errors))
 
 
-@click.command("cancel")
+@click.command("cancel", short_help="Cancel sent events at Stripe, within 24 hours.",
+               help="Cancel sent events at Stripe. " + " ".join(CANCEL_WORDS))
 @click.argument("ids", nargs=-1, type=int, required=True)
 @click.option("--reason", required=True, type=click.Choice(list(RESOLVE_REASONS)))
 @click.option("--note", required=True)
 def cancel(ids: tuple[int, ...], reason: str, note: str) -> None:
-    """Cancel sent events at Stripe (within its 24 hours): they will not be billed."""
+    """Cancel the events at Stripe; print Stripe's answer for each and what a cancel does,
+    and the events Stripe refused."""
     from ..worker import cancel_events
 
     svc = _svc()
     outcome = cancel_events(svc.engine, _gateway(), ids, actor=_actor(), reason=reason,
                             note=note, now=svc.clock())
     click.echo(f"cancelled {len(outcome.cancelled)} event(s)")
+    for event_id, adjustment in outcome.adjustments.items():
+        click.echo(f"  {event_id}: {adjustment.words()}")
+    if outcome.cancelled:
+        click.echo(f"{CANCEL_WORDS.off_the_meter}\n{CANCEL_WORDS.finalized_invoice}")
     if outcome.refused:
         raise StripeUnreachable("; ".join(f"{i}: {why}" for i, why in outcome.refused))
 

@@ -13,6 +13,7 @@ from ..read.dead_letters import check_row
 from ..read.events import EventDetail, event_detail
 from ..read.rejected import reason_text
 from ..read.tracking import tracking
+from ..read.words import CANCEL_WORDS
 from ..worker import cancel_events
 from .common import csv_response, now, render, svc
 from .errors import back_to
@@ -106,7 +107,7 @@ def show(event_id: int) -> ResponseReturnValue:
 @bp.get("/events/<id:event_id>/cancel")
 @require_role("operator")
 def cancel_confirm(event_id: int) -> ResponseReturnValue:
-    """What cancelling does to the invoice, before it is done."""
+    """What a cancel at Stripe does (and does not do), before it is done."""
     detail = _detail(event_id)
     ev = detail.event
     check = cancel_check(status=ev["status"], sent_at=ev["sent_at"], now=now())
@@ -133,8 +134,9 @@ def cancel(event_id: int) -> ResponseReturnValue:
         return redirect(url_for("events.cancel_confirm", event_id=event_id), code=303)
     outcome = cancel_events(svc().engine, gateway, [event_id], actor=user.email,
                             reason=REASON.get(), note=NOTE.get(), now=now())
-    if outcome.cancelled:
-        flash(f"Event {event_id} is cancelled at Stripe: it will not be billed.", "ok")
+    for done, adjustment in outcome.adjustments.items():
+        flash(f"Event {done} is cancelled at Stripe: {adjustment.words()}. Its usage "
+              f"comes off the meter. {CANCEL_WORDS.finalized_invoice}", "ok")
     for _, why in outcome.refused:
         flash(f"Nothing changed: {why}", "error")
     return redirect(back, code=303)

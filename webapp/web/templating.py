@@ -16,6 +16,7 @@ from ..config import STRIPE_API_BASE_DEFAULT, STRIPE_METER_EVENTS_BASE_DEFAULT
 from ..db import reading
 from ..read.health import Health, health
 from ..read.words import (
+    CANCEL_WORDS,
     found_by_words,
     is_duplicate,
     outcome_words,
@@ -206,7 +207,7 @@ def init_app(app: Flask) -> None:
                                  event_url=event_url, usage_rows=usage_rows,
                                  usage_events_url=usage_events_url,
                                  stripe_url=stripe_url, stripe_link=stripe_link,
-                                 min_password=MIN_PASSWORD)
+                                 min_password=MIN_PASSWORD, cancel_words=CANCEL_WORDS)
 
     @app.context_processor
     def inject() -> dict[str, Any]:

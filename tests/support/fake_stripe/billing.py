@@ -2,10 +2,13 @@
 ``GET /v1/billing/meters`` (every meter, paginated, no filter by event name),
 ``GET /v1/billing/meters/{id}/event_summaries`` (one customer, per day or hour, paginated;
 eventually consistent when ``summary_delay`` is set), and
-``POST /v1/billing/meter_event_adjustments`` (``type=cancel``, within 24 hours)."""
+``POST /v1/billing/meter_event_adjustments`` (``type=cancel``, within 24 hours; answered with a
+``billing.meter_event_adjustment`` whose ``status`` is ``pending`` unless a test says
+otherwise, and no ``id``, as the v1 object documents none)."""
 
 from __future__ import annotations
 
+import secrets
 import threading
 from collections import defaultdict
 from collections.abc import Callable
@@ -50,6 +53,8 @@ class BillingMixin:
     summary_delay: float
     summary_calls: int
     _meter_seq: int
+    _adjustment_answer: tuple[str, bool | str]
+    _adjustments: list[dict[str, Any]]
 
     # -- configuration ----------------------------------------------------------------------
     def add_meter(self, event_name: str, *, customer_key: str = "stripe_customer_id",
@@ -94,6 +99,22 @@ class BillingMixin:
             usage = Usage(customer, event_name, int(timestamp), float(value))
             self._usage.append(usage)
             self._by_pair[(event_name, customer)].append(usage)
+
+    def answer_adjustments(self, *, status: str = "pending", ids: bool | str = False) -> None:
+        """How adjustments are answered from now until :meth:`reset`: with ``status``
+        (``pending``, as Stripe answers a fresh adjustment, or ``complete``; any text, as a
+        poisoned answer would carry it) and, with ``ids``, an ``id``, which the v1 object
+        documents none of: ``True`` gives each adjustment its own ``mea_…``, a text is every
+        answer's id as it is."""
+        with self._lock:
+            self._adjustment_answer = (status, ids)
+
+    def adjustments(self) -> list[dict[str, Any]]:
+        """Every adjustment made, oldest first: ``identifier``, ``event_name``, and the
+        ``status``, ``id`` (None without one) and ``request_id`` it was answered with (the
+        ``Request-Id`` as the fake made it, before any :meth:`poison`)."""
+        with self._lock:
+            return [dict(a) for a in self._adjustments]
 
     # -- GET /v1/billing/meters -------------------------------------------------------------
     def _serve_meter_list(self, query: str) -> Response:
@@ -187,7 +208,7 @@ class BillingMixin:
         return {b: float(sum(v for _, v in p)) for b, p in buckets.items()}
 
     # -- POST /v1/billing/meter_event_adjustments -------------------------------------------
-    def _serve_adjustment(self, raw: bytes) -> Response:
+    def _serve_adjustment(self, raw: bytes, req_id: str) -> Response:
         params = dict(parse_qsl(raw.decode("utf-8", "replace"), keep_blank_values=True))
         event_name = params.get("event_name")
         identifier = params.get("cancel[identifier]")
@@ -207,6 +228,15 @@ class BillingMixin:
                 return invalid("A meter event can only be cancelled within 24 hours of "
                                "being received.", param="cancel[identifier]")
             ev.cancelled = True
-        return ok({"object": "billing.meter_event_adjustment", "event_name": event_name,
-                   "type": "cancel", "status": "pending", "livemode": False,
-                   "cancel": {"identifier": identifier}})
+            status, ids = self._adjustment_answer
+            adjustment_id = (ids if isinstance(ids, str)
+                             else f"mea_{secrets.token_hex(12)}" if ids else None)
+            self._adjustments.append({"identifier": identifier, "event_name": event_name,
+                                      "status": status, "id": adjustment_id,
+                                      "request_id": req_id})
+        body: dict[str, Any] = {"object": "billing.meter_event_adjustment",
+                                "event_name": event_name, "type": "cancel", "status": status,
+                                "livemode": False, "cancel": {"identifier": identifier}}
+        if adjustment_id is not None:
+            body = {"id": adjustment_id, **body}
+        return ok(body)

@@ -25,9 +25,12 @@ sees what it would see from Stripe (``/work/shared/STRIPE.md`` is the spec this 
 * Meter event streams (``stream.py``): sessions, forced token expiry, the same faults and
   latency, one accepted set with v1 (an identifier accepted by either is taken once), every
   check but the request's shape made after the 200 and reported like v1's later checks.
-* Observation: accepted events (v1's and the streams'), call counts, and the number of times a
-  call for a (customer, event_name) lane started while another call of that lane was still in
-  flight; Stripe allows one concurrent call per customer per meter.
+* Adjustments (``type=cancel``) answered ``pending`` without an ``id``, as Stripe documents the
+  v1 object, unless a test asks otherwise (:meth:`FakeStripe.answer_adjustments`).
+* Observation: accepted events (v1's and the streams'), adjustments made with the answer each
+  got, call counts, and the number of times a call for a (customer, event_name) lane started
+  while another call of that lane was still in flight; Stripe allows one concurrent call per
+  customer per meter.
 
 Order of the checks for one request: auth, the front faults (401, 403, 429, 503, 409,
 ``drop_before``), the idempotency layer (replay, mismatch, in use), validation, execution (the
@@ -144,6 +147,8 @@ class FakeStripe(FaultsMixin, MeterEventsMixin, StreamMixin, BillingMixin, Custo
         self.events_newest_first = False
         self.summary_calls = 0
         self._usage: list[Usage] = []
+        self._adjustment_answer: tuple[str, bool | str] = ("pending", False)
+        self._adjustments: list[dict[str, Any]] = []
         self._stripe_customers: dict[str, dict[str, Any]] = {}
         self.customer_list_calls = 0
         self.customer_lookups: dict[str, int] = {}
@@ -389,6 +394,8 @@ class FakeStripe(FaultsMixin, MeterEventsMixin, StreamMixin, BillingMixin, Custo
             self._customers = (None if self._initial_customers is None
                                else set(self._initial_customers))
             self._usage.clear()
+            self._adjustment_answer = ("pending", False)
+            self._adjustments.clear()
             self._stripe_customers.clear()
             self.customer_list_calls = 0
             self.customer_lookups = {}

@@ -182,7 +182,9 @@ class Handler(BaseHTTPRequestHandler):
             elif path == STREAM_SESSION_PATH:
                 self.send(fake._serve_stream_session(self))
             elif path == ADJUSTMENTS_PATH:
-                self.send(fake._authorized(self, lambda: fake._serve_adjustment(body)))
+                req_id = request_id()
+                self.send(fake._authorized(self, lambda: fake._serve_adjustment(body, req_id)),
+                          req_id)
             elif path.startswith(CONTROL_PREFIX):
                 self.send(fake._control("POST", path[len(CONTROL_PREFIX):], body))
             else:
