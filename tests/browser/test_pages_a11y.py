@@ -414,7 +414,9 @@ def test_times_show_the_viewers_own_time_and_stripes_duplicate_answer_is_neutral
         page.goto(f"/events/{site.ids['duplicate']}")
         answer = page.get_by_text("Stripe already had this event — counted once")
         expect(answer).to_be_visible()
-        for locator in (answer, page.locator("#attempts .outcome-duplicate")):
+        note = page.locator("#attempts .answer-note")
+        expect(note).to_have_text(f"Already at Stripe: {DUPLICATE}")
+        for locator in (answer, page.locator("#attempts .outcome-duplicate"), note):
             r, g, b = (int(x) for x in re.findall(r"\d+", locator.evaluate(
                 "e => getComputedStyle(e).color"))[:3])
             assert r - max(g, b) < 40, f"the duplicate answer is shown in red: rgb({r},{g},{b})"

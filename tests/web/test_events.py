@@ -3,11 +3,13 @@ at Stripe says it does."""
 
 from __future__ import annotations
 
+import re
 from html import unescape
 
 from webapp.models import utcnow
 from webapp.outbox.meters import MeterInfo, store_meters
 from webapp.outbox.sync import METERS, record_run
+from webapp.read.events import event_detail
 from webapp.read.words import CANCEL_WORDS, STATE_WORDS
 
 from .conftest import csrf_of
@@ -137,3 +139,62 @@ def test_a_cancelled_event_says_a_finalized_invoice_is_not_changed(client_as, se
     assert CANCEL_WORDS.finalized_invoice in page
     for promise in PROMISES:
         assert promise not in page, promise
+
+DUPLICATE = ("An event already exists with identifier usage_log:7; events are deduplicated "
+             "within 24 hours")
+
+
+def _attempt_cells(html: str) -> dict[str, str]:
+    """The attempts table: each row's "Stripe's answer" cell (its inner HTML), by request id."""
+    table = html[html.index('id="attempts"'):].split("</table>")[0]
+    head = re.search(r"<thead>(.*?)</thead>", table, re.S).group(1)
+    columns = re.findall(r"<th[^>]*>(.*?)</th>", head)
+    at = [unescape(c) for c in columns].index("Stripe's answer")
+    cells = {}
+    for row in re.findall(r"<tr id=\"attempt-\d+\".*?</tr>", table, re.S):
+        tds = re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)
+        request = re.search(r"<code>(req_\w+)</code>", row).group(1)
+        cells[request] = tds[at]
+    return cells
+
+
+def test_stripes_answer_is_a_note_when_the_event_was_already_there(client_as, seed,
+                                                                   engine) -> None:
+    """Stripe's "already exists" answer means delivered, counted once: its message is shown
+    as a note under "Stripe's answer", never as an error; real errors still read as errors,
+    and a plain 200 says nothing."""
+    ev = seed.event(status="sent", idempotency_key="usage_log:7", attempt_count=3,
+                    call_count=3)
+    seed.attempt(ev, outcome="unknown", http_status=500, error_class="APIError",
+                 error_message="An unknown error occurred", stripe_request_id="req_first")
+    seed.attempt(ev, outcome="not_executed", http_status=429, error_class="RateLimitError",
+                 error_code="rate_limit", stripe_request_id="req_second")
+    seed.attempt(ev, outcome="delivered", http_status=400, error_class="InvalidRequestError",
+                 error_message=DUPLICATE, stripe_request_id="req_third")
+    ok = seed.event(status="sent")
+    seed.attempt(ok, stripe_request_id="req_plain")
+
+    by_request = {a["stripe_request_id"]: a["answer"]
+                  for e in (ev, ok) for a in event_detail(engine, e).attempts}
+    assert by_request == {"req_first": "Error", "req_second": "Error",
+                          "req_third": "Already at Stripe", "req_plain": None}
+
+    viewer = client_as("viewer")
+    html = viewer.get(f"/events/{ev}").get_data(as_text=True)
+    assert ">Error<" not in html.split('id="attempts"')[1].split("</thead>")[0]
+    cells = _attempt_cells(html)
+    note = cells["req_third"]
+    assert text_of(note) == f"Already at Stripe: {DUPLICATE}"
+    assert 'class="answer-note"' in note
+    for error_mark in ("answer-error", '"err"', "Error"):
+        assert error_mark not in note, error_mark
+    for request, words in (("req_first", "Error: APIError An unknown error occurred"),
+                           ("req_second", "Error: RateLimitError rate_limit")):
+        assert text_of(cells[request]) == words, cells[request]
+        assert 'class="answer-error"' in cells[request] and 'class="err"' in cells[request]
+    assert text_of(_attempt_cells(viewer.get(f"/events/{ok}").get_data(as_text=True))[
+        "req_plain"]) == ""
+
+
+def text_of(html: str) -> str:
+    return unescape(" ".join(re.sub(r"<[^>]+>", " ", html).split())).replace(" :", ":")

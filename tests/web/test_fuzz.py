@@ -47,6 +47,12 @@ HOSTILE: list[tuple[str, str]] = [
     ("2026-02-30", "2026-02-30"),
     ("cursor past 64 bits", quote(f"2026-01-01T00:00:00Z~{2**64}", safe="")),
     ("cursor at year 1", quote("0001-01-01T00:00:00+01:00~1", safe="")),
+    # Digits Python's isdigit() or int() take and a page does not: "²".isdigit() is true but
+    # int("²") raises; int() reads "٣" as 3 and "１２" as 12.
+    ("superscript ²", quote("²", safe="")),
+    ("Arabic-Indic ٣", quote("٣", safe="")),
+    ("fullwidth １２", quote("１２", safe="")),
+    ("cursor id ٣", quote("2026-01-01T00:00:00Z~٣", safe="")),
 ]
 UNDECLARED = "zz_undeclared"
 #: A parameter no view reads takes no parsing path: these few values are enough for it.

@@ -313,6 +313,22 @@ def test_stats_json_carries_the_same_state(db_url: str, engine: Engine, seed: An
     assert json.loads(out.stdout)["health"]["state"] == "no_api_key"
 
 
+def test_stats_says_what_the_status_line_says(db_url: str, engine: Engine, seed: Any) -> None:
+    """``stats`` in words: the state of sending is the line's (Holding during an outage, not
+    "running" because nobody paused), and the pause switch is shown as the switch."""
+    seed.tenant("acme", "cus_acme")
+    seed.events(2)
+    beat(engine, breaker="open", holding_since=utcnow(), last_failure="connection refused")
+    out = cli("stats", env=worker_env(db_url))
+    assert out.returncode == 0, out.stderr
+    assert "sending: Holding - Stripe is failing: connection refused." in out.stdout
+    assert "pause switch: off" in out.stdout and "running" not in out.stdout.lower()
+    operations.pause(engine, actor="ops@example.com", reason="month end", now=utcnow())
+    out = cli("stats", env=worker_env(db_url))
+    assert "sending: Paused - Sending is paused for every worker: month end" in out.stdout
+    assert "pause switch: on (month end)" in out.stdout
+
+
 def test_a_drainer_in_an_outage_shows_holding_then_sending(
         db_url: str, engine: Engine, fake_stripe: FakeStripe, seed: Any,
         client_as: Any) -> None:

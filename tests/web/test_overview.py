@@ -3,19 +3,26 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
+import pytest
 from conftest import make_settings
 from flask import Flask
-from sqlalchemy import select
+from markupsafe import escape
+from sqlalchemy import Engine, select
 
 from webapp import create_app
 from webapp.models import AuditEntry, utcnow
+from webapp.outbox import operations
 from webapp.outbox.control import pause_state
 from webapp.read import counts, overview, retries
 from webapp.read.audit import NOT_SIGN_IN
+from webapp.read.health import STATES, Health, health
 
 from .conftest import csrf_of, login
+from .test_health_status import beat, meters_read
 
 
 def count_on(html: str, status: str) -> int:
@@ -229,3 +236,197 @@ def test_either_stripe_base_that_is_not_stripes_is_named(db_url, engine, users) 
     assert "http://127.0.0.1:12111" in html and "http://127.0.0.1:12112" in html
     html = banner(stripe_meter_events_base="https://meter-events.stripe.com")
     assert "Not Stripe:" not in html
+
+
+# -- the state of sending: the status line's one decision, on the whole page ----------------------
+
+def _idle(engine: Engine, seed: Any, now: datetime) -> bool:
+    return True
+
+
+def _sending(engine: Engine, seed: Any, now: datetime) -> bool:
+    seed.tenant("acme", "cus_acme")
+    seed.events(2, next_attempt_at=now - timedelta(minutes=9))
+    seed.event(status="sent", sent_at=now - timedelta(seconds=20))
+    return True
+
+
+def _paused(engine: Engine, seed: Any, now: datetime) -> bool:
+    seed.tenant("acme", "cus_acme")
+    seed.events(2, now=now)
+    operations.pause(engine, actor="ops@example.com", reason="month end", now=now)
+    return True
+
+
+def _holding(engine: Engine, seed: Any, now: datetime) -> bool:
+    seed.tenant("acme", "cus_acme")
+    seed.events(3, now=now)
+    seed.event(status="sent", sent_at=now - timedelta(seconds=20))  # it was fine a moment ago
+    beat(engine, breaker="open", holding_since=now - timedelta(minutes=4),
+         next_probe_at=now + timedelta(seconds=30), last_failure="calls to Stripe timed out")
+    return True
+
+
+def _stalled(engine: Engine, seed: Any, now: datetime) -> bool:
+    seed.tenant("acme", "cus_acme")
+    seed.events(2, next_attempt_at=now - timedelta(minutes=9))
+    seed.event(status="sent", sent_at=now - timedelta(minutes=30))
+    return True
+
+
+def _no_api_key(engine: Engine, seed: Any, now: datetime) -> bool:
+    seed.tenant("acme", "cus_acme")
+    seed.events(2, now=now)
+    return False
+
+
+def _meter_missing(engine: Engine, seed: Any, now: datetime) -> bool:
+    seed.tenant("acme", "cus_acme")
+    meters_read(engine, active=["api_requests"], inactive=["storage_gb"])
+    seed.events(2, meter="storage_gb", next_attempt_at=now - timedelta(minutes=20))
+    return True
+
+
+#: Each state of sending, and how to get there (returns whether this process has a key).
+SCENARIOS: dict[str, Callable[[Engine, Any, datetime], bool]] = {
+    "idle": _idle, "sending": _sending, "paused": _paused, "holding": _holding,
+    "stalled": _stalled, "no_api_key": _no_api_key, "meter_missing": _meter_missing}
+
+
+def test_every_state_of_sending_has_a_scenario() -> None:
+    assert set(SCENARIOS) == set(STATES)
+
+
+def _sending_alerts(ov: overview.Overview) -> list[overview.Alert]:
+    return [a for a in ov.alerts if a.title in overview.SENDING_ALERTS.values()]
+
+
+@pytest.mark.parametrize("state", list(SCENARIOS))
+def test_the_overview_says_what_the_status_line_says(engine: Engine, seed: Any, state: str,
+                                                     now: datetime) -> None:
+    """Read alone, the Overview carries ``health()``'s decision as it is, and its one alert
+    about sending is made of it: none while sending is fine, and while Stripe is failing or
+    nothing goes out a critical one linking to the events due."""
+    key = SCENARIOS[state](engine, seed, now)
+    with engine.connect() as conn:
+        h = health(conn, now=now, api_key_here=key)
+    assert h.state == state
+    ov = overview.overview(engine, now=now, stripe_mode="test" if key else "none")
+    assert ov.health == h
+    alerts = _sending_alerts(ov)
+    if state in ("sending", "idle", "meter_missing"):
+        assert alerts == []
+    else:
+        assert alerts == [overview.Alert(h.level, overview.SENDING_ALERTS[state], h.detail,
+                                         "events.find", alerts[0].params)]
+        assert alerts[0].level == "critical"
+        due = state in ("holding", "stalled")
+        assert alerts[0].params == ({"due": "1"} if due else {"status": ["pending",
+                                                                          "processing",
+                                                                          "retrying"]})
+    if state == "meter_missing":  # each meter's own alert says it, with what to do
+        assert [a.title for a in ov.alerts] == ["2 events wait for meter storage_gb"]
+    # The pause switch stays what it is, whatever the state (the buttons act on it).
+    assert ov.switch.paused == (state == "paused")
+
+
+def test_the_state_given_is_the_one_shown(engine: Engine, seed: Any, now: datetime) -> None:
+    """The page passes the status line's reading; the Overview shows that, never its own."""
+    given = Health("holding", "Stripe is failing: a test outage. 0 events due.", since=now)
+    ov = overview.overview(engine, now=now, status=given)
+    assert ov.health is given
+    assert [(a.level, a.title, a.detail) for a in _sending_alerts(ov)] == [
+        ("critical", "Sending is held back", given.detail)]
+
+
+def _figure(html: str) -> tuple[str, str, str]:
+    """The Sending figure: (state, level, title shown)."""
+    found = re.search(r'id="sending-figure" data-state="([^"]+)" data-level="([^"]+)">'
+                      r'<span class="figure-label">Sending</span>\s*'
+                      r'<span class="figure-value level-([^"]+)">([^<]+)</span>', html)
+    assert found, "the overview has its Sending figure"
+    state, level, css_level, title = found.groups()
+    assert css_level == level
+    return state, level, title
+
+
+def _status_line(html: str) -> tuple[str, str]:
+    found = re.search(r'<div class="status-line status-([a-z]+)" role="status" id="status-line">'
+                      r'.*?<strong class="status-title">([^<]+)</strong>', html, re.DOTALL)
+    assert found, "the page has its status line"
+    return found.group(1), found.group(2)
+
+
+@pytest.mark.parametrize("state", list(SCENARIOS))
+def test_the_sending_figure_and_the_status_line_agree(db_url: str, engine: Engine, seed: Any,
+                                                      users: dict[str, str], state: str,
+                                                      now: datetime) -> None:
+    key = SCENARIOS[state](engine, seed, now)
+    app = create_app({"TESTING": True}, engine=engine, start_drainer=False,
+                     settings=make_settings(db_url, **({} if key else {"stripe_api_key": None})))
+    client = app.test_client()
+    assert login(client, users["operator"]).status_code == 303
+    with engine.connect() as conn:
+        h = health(conn, now=now, api_key_here=key)
+    page = client.get("/").get_data(as_text=True)
+    fragment = client.get("/", headers={"HX-Request": "true"}).get_data(as_text=True)
+    assert _status_line(page) == (h.level, h.title)
+    for html in (page, fragment):
+        assert _figure(html) == (h.state, h.level, h.title)
+        figure = html.split('id="sending-figure"')[1].split("</div>")[0]
+        assert f'<span class="figure-sub">{escape(h.detail)}</span>' in figure
+        assert "Running" not in html
+        assert ("level-ok" in html) == (h.level == "ok")
+    # The buttons follow the pause switch, not the state.
+    assert ("Resume sending" in page) == (state == "paused")
+    assert ("Pause sending" in page) == (state != "paused")
+    if state in ("holding", "stalled"):
+        alert = re.search(r'<div class="alert alert-critical">\s*<strong>([^<]+)</strong>'
+                          r' <span>([^<]*)</span>\s*<a href="([^"]+)">Show these events</a>',
+                          page)
+        assert alert and alert.group(1) == overview.SENDING_ALERTS[state], page[:3000]
+        assert alert.group(3) == "/events?due=1"
+
+
+def test_without_a_key_a_paused_switch_still_offers_resume(db_url: str, engine: Engine,
+                                                          seed: Any, users: dict[str, str],
+                                                          now: datetime) -> None:
+    """No API key wins over the pause in the state of sending; the buttons still act on the
+    switch as it is."""
+    seed.events(2)
+    operations.pause(engine, actor="ops@example.com", reason="month end", now=now)
+    app = create_app({"TESTING": True}, engine=engine, start_drainer=False,
+                     settings=make_settings(db_url, stripe_api_key=None))
+    client = app.test_client()
+    assert login(client, users["operator"]).status_code == 303
+    html = client.get("/").get_data(as_text=True)
+    assert _figure(html) == ("no_api_key", "critical", "No API key")
+    assert _status_line(html) == ("critical", "No API key")
+    assert "Resume sending" in html and "Pause sending" not in html
+    assert "Nothing is being sent" in html
+
+
+def test_the_state_of_sending_is_read_once_per_request(client_as: Any, seed: Any,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The status line reads it (``chrome``); the Overview, page or live panel, reuses that."""
+    import webapp.read.overview
+    import webapp.web.templating
+
+    calls = []
+    real = webapp.web.templating.health
+
+    def counted(*args: Any, **kw: Any) -> Health:
+        calls.append(1)
+        return real(*args, **kw)
+
+    def never(*args: Any, **kw: Any) -> Health:
+        raise AssertionError("the overview read the state of sending again")
+
+    monkeypatch.setattr(webapp.web.templating, "health", counted)
+    monkeypatch.setattr(webapp.read.overview, "health", never)
+    seed.event()
+    client = client_as("viewer")
+    for headers in ({}, {"HX-Request": "true"}):
+        calls.clear()
+        assert client.get("/", headers=headers).status_code == 200
+        assert len(calls) == 1, headers

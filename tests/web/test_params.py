@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from flask import Flask
 
+from webapp.read.numbers import ascii_int
 from webapp.read.paging import Cursor
 from webapp.web.params import MAX_ID, Day, Int, Text, accepts, text_problem
 
@@ -18,10 +19,16 @@ from .conftest import csrf_of
 
 @pytest.mark.parametrize(("query", "field"), [
     ("limit=abc", "limit"), (f"limit={2**63}", "limit"), ("limit=%EF%BC%91", "limit"),
+    # "²" passes isdigit() and int() refuses it; int() reads "٣" as 3 and "１２" as 12
+    ("limit=%C2%B2", "limit"), ("limit=%D9%A3", "limit"), ("limit=%EF%BC%91%EF%BC%92", "limit"),
+    ("limit=1_0", "limit"),
     ("tenant=%00", "tenant"), ("tenant=a%0D%0Ab", "tenant"), ("tenant=%FF%FE", "tenant"),
     ("tenant=" + "a" * 201, "tenant"), ("age=forever", "age"),
     ("after=2026-01-01T00:00:00Z~" + str(2**64), "after"),
     ("after=1999-12-31T23:00:00Z~5", "after"), ("before=garbage", "before"),
+    ("after=2026-01-01T00:00:00Z~%D9%A3", "after"),
+    ("before=2026-01-01T00:00:00Z~%C2%B2", "before"),
+    ("after=2026-01-01T00:00:00Z~%EF%BC%91%EF%BC%92", "after"),
 ])
 def test_a_bad_parameter_is_a_400_naming_it(client_as: Any, query: str, field: str) -> None:
     client = client_as("viewer")
@@ -107,6 +114,18 @@ def test_cursor_round_trip_stays_valid() -> None:
 
     cursor = Cursor(datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=UTC), MAX_ID)
     assert Cursor.decode(cursor.encode()) == cursor
+    for ident in ("٣", "１２", "²", " 12", "1_2", "12\n"):
+        with pytest.raises(ValueError):
+            Cursor.decode(f"2026-01-02T03:04:05.000006Z~{ident}")
+
+
+@pytest.mark.parametrize(("text", "number"), [
+    ("0", 0), ("12", 12), ("-7", -7), (str(MAX_ID), MAX_ID), ("9" * 19, int("9" * 19)),
+    ("9" * 20, None), ("", None), ("-", None), ("²", None), ("٣", None), ("１２", None),
+    ("1٣", None), ("1_000", None), (" 12", None), ("12\n", None), ("+1", None), ("1.0", None),
+])
+def test_only_ascii_digits_spell_a_number(text: str, number: int | None) -> None:
+    assert ascii_int(text) == number
 
 
 def test_bytes_that_are_not_utf8_are_refused_escaped_or_raw(client_as: Any) -> None:
@@ -130,6 +149,7 @@ def test_bytes_that_are_not_utf8_are_refused_escaped_or_raw(client_as: Any) -> N
     ("a=3", (3, 3)), ("a=2-5", (2, 5)), ("a=2-", (2, None)), ("a=-5", (None, 5)),
     ("a=", None), ("a=0", (0, 0)), ("a=-", "bad"), ("a=5-2", "bad"), ("a=1001", "bad"),
     ("a=1.5", "bad"), ("a=x", "bad"), ("a=1-2-3", "bad"), ("a=%EF%BC%91", "bad"),
+    ("a=%C2%B2", "bad"), ("a=%D9%A3", "bad"), ("a=%D9%A3-5", "bad"), ("a=2-%EF%BC%95", "bad"),
 ])
 def test_a_number_or_range(app: Flask, query: str, expected: Any) -> None:
     from werkzeug.exceptions import BadRequest

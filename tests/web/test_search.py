@@ -146,6 +146,33 @@ def test_wildcards_in_the_query_are_literal(viewer, seed) -> None:
     assert viewer.get("/search?q=k%25").status_code == 302
 
 
+#: Other digits for the ASCII ones: Python's isdigit() is true for all of them.
+SUPERSCRIPT = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
+ARABIC_INDIC = str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩")
+FULLWIDTH = str.maketrans("0123456789", "０１２３４５６７８９")
+
+
+@pytest.mark.parametrize("digits", [SUPERSCRIPT, ARABIC_INDIC, FULLWIDTH],
+                         ids=["superscript", "arabic-indic", "fullwidth"])
+def test_digits_other_than_ascii_are_text_not_an_event_id(viewer, seed, engine: Engine,
+                                                          digits: dict[int, str]) -> None:
+    """``int()`` refuses "²" (a 500 once) and reads "٣" as 3: such a query is text, looked
+    for in names and keys like any other, and never an event's id."""
+    ev = seed.event(idempotency_key="plain:1")
+    q = str(ev).translate(digits)
+    assert q != str(ev)
+    assert search(engine, q).events.rows == []
+    resp = viewer.get(f"/search?q={q}")
+    assert resp.status_code == 200
+    assert f"Nothing matches “{q}”" in resp.get_data(as_text=True)
+    seed.tenant("suite", None, f"Suite {q}")
+    keyed = seed.event(idempotency_key=f"{q}:room")
+    html = viewer.get(f"/search?q={q}").get_data(as_text=True)
+    assert "/tenants/suite" in hrefs(section(html, "tenants"))
+    assert hrefs(section(html, "events")) == [f"/events/{keyed}"]
+    assert f"/events/{ev}" not in hrefs(html)
+
+
 def test_an_empty_query_shows_the_box(viewer) -> None:
     resp = viewer.get("/search")
     assert resp.status_code == 200

@@ -1,6 +1,7 @@
 """The numbers several pages share: events by status, the oldest waiting event, events near
-Stripe's 35-day limit, tenants waiting for a customer, the sending switch, and how fresh the
-rollups are. Each takes the page's connection, so one page reads one snapshot."""
+Stripe's 35-day limit, tenants waiting for a customer, and how fresh the rollups are. Each
+takes the page's connection, so one page reads one snapshot. (Whether sending is fine is
+``health``'s decision alone.)"""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from typing import Any
 
 from sqlalchemy import Connection, func, select, union_all
 
-from ..outbox.control import PauseState, pause_state
 from ..outbox.rollups import ROLLUPS, fold_target, read_mark, sent_total
 from ..outbox.sql import (
     EPOCH,
@@ -36,11 +36,6 @@ OWN_INDEX = ("dead", "resolved")
 RANGED = tuple(s for s in ALL_STATUSES if s not in ("sent", "processing", *OWN_INDEX))
 #: Stripe rejects events older than 35 days; warn this long before.
 NEAR_LIMIT = timedelta(days=7)
-
-
-def sending_state(conn: Connection) -> PauseState:
-    """Whether sending is paused, why, since when and by whom (one primary-key read)."""
-    return pause_state(conn)
 
 
 def status_counts(conn: Connection) -> dict[str, int]:

@@ -13,11 +13,14 @@ from ..outbox.meters import MeterInfo, known_meter
 from ..outbox.sql import ATTEMPTS, AUDIT, AUDIT_EVENTS, TENANTS, T, row_dict
 from ..outbox.waiting import waits_for
 from .stripe_side import samples_for_event
+from .words import answer_label
 
 
 @dataclass(frozen=True)
 class EventDetail:
     event: dict[str, Any]
+    #: The calls made for it, newest first; each with ``answer``: how Stripe's answer is
+    #: introduced (:func:`webapp.read.words.answer_label`: a note, an error, or None).
     attempts: list[dict[str, Any]]
     audit: list[dict[str, Any]]
     tenant: dict[str, Any] | None
@@ -38,7 +41,7 @@ def event_detail(engine: Engine, event_id: int) -> EventDetail | None:
         row = conn.execute(select(T).where(T.c.id == event_id)).first()
         if row is None:
             return None
-        attempts = [row_dict(r) for r in conn.execute(
+        attempts = [_with_answer(row_dict(r)) for r in conn.execute(
             select(ATTEMPTS).where(ATTEMPTS.c.event_id == event_id)
             .order_by(ATTEMPTS.c.attempted_at.desc(), ATTEMPTS.c.id.desc()))]
         audit = [row_dict(r) for r in conn.execute(
@@ -51,3 +54,11 @@ def event_detail(engine: Engine, event_id: int) -> EventDetail | None:
         meter = known_meter(conn, event["meter"]) if waits == "meter" else None
     return EventDetail(event, attempts, audit, row_dict(tenant) if tenant else None,
                        samples, waits, meter)
+
+
+def _with_answer(attempt: dict[str, Any]) -> dict[str, Any]:
+    attempt["answer"] = answer_label(attempt["outcome"], attempt["http_status"],
+                                     error_class=attempt["error_class"],
+                                     error_code=attempt["error_code"],
+                                     message=attempt["error_message"])
+    return attempt

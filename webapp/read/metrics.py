@@ -10,6 +10,7 @@ from datetime import datetime
 from sqlalchemy import Engine, func, literal_column, select, union_all
 
 from ..db import reading
+from ..outbox.control import pause_state
 from ..outbox.rollups import (
     ATTEMPT_CALLS,
     LATENCY_BUCKETS_MS,
@@ -18,7 +19,7 @@ from ..outbox.rollups import (
     read_mark,
 )
 from ..outbox.sql import ATTEMPT_ROLLUP, ATTEMPTS, int_sum
-from .counts import age_limits, oldest_waiting, sending_state, status_counts
+from .counts import age_limits, oldest_waiting, status_counts
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ def metrics(engine: Engine, *, now: datetime) -> Metrics:
     with reading(engine) as conn:
         counts = status_counts(conn)
         oldest = oldest_waiting(conn)
-        paused = sending_state(conn).paused
+        paused = pause_state(conn).paused  # the switch; whether sending is fine: /health
         near, over = age_limits(conn, now, counts)
         live = select(ATTEMPTS.c.outcome, latency_bucket().label("bucket"),
                       literal_column("1").label("attempts"),

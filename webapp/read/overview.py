@@ -1,5 +1,9 @@
-"""The Overview page: counts, throughput, failure rate, the sending switch, and the alerts
-that say what needs a person."""
+"""The Overview page: counts, throughput, failure rate, the state of sending, the pause switch,
+and the alerts that say what needs a person.
+
+Whether sending is fine is decided in one place, :func:`webapp.read.health.health` (the status
+line on every page): the Overview's Sending figure shows that decision, and its alert about
+sending is derived from it, so the page can never say "fine" while the line says otherwise."""
 
 from __future__ import annotations
 
@@ -11,17 +15,17 @@ from sqlalchemy import Connection, Engine, func, select
 
 from ..db import reading
 from ..outbox import sync
-from ..outbox.control import PauseState
+from ..outbox.control import PauseState, pause_state
 from ..outbox.sql import ATTEMPTS, T, status_is
 from .counts import (
     WAITING,
     UnmappedTenant,
     age_limits,
     oldest_waiting,
-    sending_state,
     status_counts,
     unmapped_tenants,
 )
+from .health import Health, health
 from .reconciliation import RunSummary, last_run
 from .series import DEFAULT_RANGE, RANGES, Bucket, Range, sent_by_time_sent, sent_series
 from .stripe_side import WaitingForMeter, waiting_for_meters
@@ -67,7 +71,10 @@ class Overview:
     per_hour: list[Bucket]
     attempts_hour: AttemptRates
     attempts_day: AttemptRates
-    sending: PauseState
+    #: The state of sending (the status line's decision), and the pause switch the page's
+    #: Pause / Resume buttons act on.
+    health: Health
+    switch: PauseState
     dead_last_day: int
     near_limit: int
     over_limit: int
@@ -100,12 +107,16 @@ class Overview:
 
 def overview(engine: Engine, *, now: datetime, stripe_mode: str = "test",
              oldest_alert: timedelta = OLDEST_PENDING_ALERT,
-             chart_range: str = DEFAULT_RANGE) -> Overview:
+             chart_range: str = DEFAULT_RANGE, status: Health | None = None) -> Overview:
     """Everything on the overview page, read in one snapshot; the chart over
     ``chart_range`` (a key of ``series.RANGES``; the 1 h and 24 h charts are the figures'
-    own buckets, so they cost no extra read)."""
+    own buckets, so they cost no extra read). ``status``: the state of sending already read
+    for this request (the status line's), which the page then shows as it is; when None it
+    is read here, in the same snapshot (``stripe_mode`` "none": no API key here)."""
     rng = RANGES[chart_range]
     with reading(engine) as conn:
+        if status is None:
+            status = health(conn, now=now, api_key_here=stripe_mode != "none")
         counts = status_counts(conn)
         oldest = oldest_waiting(conn)
         per_minute = sent_by_time_sent(conn, now, 60, 60)
@@ -113,7 +124,7 @@ def overview(engine: Engine, *, now: datetime, stripe_mode: str = "test",
         chart = {"1h": per_minute, "24h": per_hour}.get(rng.key) or sent_series(conn, now, rng)
         hour = attempt_rates(conn, since=now - timedelta(hours=1))
         day = attempt_rates(conn, since=now - timedelta(days=1))
-        sending = sending_state(conn)
+        switch = pause_state(conn)
         dead_day = int(conn.execute(select(func.count()).where(
             status_is("dead"), T.c.dead_at >= now - timedelta(days=1))).scalar_one())
         near, over = age_limits(conn, now, counts)
@@ -121,9 +132,9 @@ def overview(engine: Engine, *, now: datetime, stripe_mode: str = "test",
         events_read = sync.sync_status(conn, sync.EVENTS)
         reconciled = last_run(conn)
         meters = waiting_for_meters(conn)
-    ov = Overview(now, counts, oldest, per_minute, per_hour, hour, day, sending, dead_day,
-                  near, over, unmapped, events_read, reconciled, meters, rng, chart)
-    ov.alerts.extend(_alerts(ov, stripe_mode, oldest_alert))
+    ov = Overview(now, counts, oldest, per_minute, per_hour, hour, day, status, switch,
+                  dead_day, near, over, unmapped, events_read, reconciled, meters, rng, chart)
+    ov.alerts.extend(_alerts(ov, oldest_alert))
     return ov
 
 
@@ -141,17 +152,36 @@ UNMAPPED_ALERTS = 5
 WAITING_STATUSES = list(WAITING)
 
 
-def _alerts(ov: Overview, stripe_mode: str, oldest_alert: timedelta) -> list[Alert]:
+#: The alert's title for each state of sending that needs a person; its level and words are
+#: the state's own (``health.STATES``, ``Health.detail``). A missing meter has none of its
+#: own: each meter events wait for has its alert (below), with what to do.
+SENDING_ALERTS = {
+    "no_api_key": "Nothing is being sent",
+    "paused": "Sending is paused",
+    "holding": "Sending is held back",
+    "stalled": "Sending has stalled",
+}
+
+
+def sending_alert(h: Health) -> Alert | None:
+    """The Overview's alert about sending, from the status line's decision ``h`` (None while
+    it is fine, or for a missing meter), linked to the events it concerns: those due when
+    Stripe is failing or nothing goes out, every waiting one when nothing can be sent."""
+    title = SENDING_ALERTS.get(h.state)
+    if title is None:
+        return None
+    due = h.state in ("holding", "stalled")
+    return Alert(h.level, title, h.detail, EVENTS,
+                 {"due": "1"} if due else {"status": WAITING_STATUSES})
+
+
+def _alerts(ov: Overview, oldest_alert: timedelta) -> list[Alert]:
     """What needs a person: each alert links to the events it counts (the events list,
     filtered) and to the action that fixes it."""
     alerts: list[Alert] = []
-    if stripe_mode == "none":
-        alerts.append(Alert("critical", "Nothing is being sent",
-                            "STRIPE_API_KEY is not set: events stay queued until it is.",
-                            EVENTS, {"status": WAITING_STATUSES}))
-    if ov.sending.paused:
-        alerts.append(Alert("critical", "Sending is paused",
-                            ov.sending.reason or "paused", EVENTS, {"status": WAITING_STATUSES}))
+    sending = sending_alert(ov.health)
+    if sending is not None:
+        alerts.append(sending)
     if ov.counts["dead"]:
         alerts.append(Alert(
             "critical" if ov.dead_last_day else "warning",

@@ -11,6 +11,7 @@ from sqlalchemy import ColumnElement, Connection, literal, tuple_
 
 from ..models import UTCDateTime
 from ..outbox.sql import as_utc, row_dict
+from .numbers import ascii_int
 
 #: The most rows one page shows.
 MAX_PAGE = 500
@@ -28,12 +29,15 @@ class Cursor:
 
     @classmethod
     def decode(cls, raw: str) -> Cursor:
-        """Raises ValueError on anything malformed."""
+        """Raises ValueError on anything malformed (an id in other than ASCII digits too)."""
         at, _, ident = raw.partition("~")
         parsed = datetime.fromisoformat(at.replace("Z", "+00:00"))
         if parsed.tzinfo is None:
             raise ValueError("cursor time needs a zone")
-        return cls(parsed.astimezone(UTC), int(ident))
+        number = ascii_int(ident)
+        if number is None:
+            raise ValueError("cursor id must be ASCII digits")
+        return cls(parsed.astimezone(UTC), number)
 
 
 @dataclass(frozen=True)

@@ -24,14 +24,13 @@ from sqlalchemy import ColumnElement, Connection, Engine, Select, and_, select
 from ..db import reading
 from ..outbox.sql import ATTEMPTS, TENANTS, T, ascii_icontains, row_dict
 from ..outbox.states import identifier_of
+from .numbers import MAX_ID, ascii_int
 
 #: Rows shown per kind; the page says when there are more.
 GROUP_LIMIT = 20
 #: The longest query (idempotency keys and tenant ids are at most 100 characters; a call's
 #: idempotency key adds a retry suffix, a request id is at most 255).
 MAX_QUERY = 255
-#: The largest number an event id can be (a 64-bit signed integer).
-_MAX_ID = 2**63 - 1
 _REQUEUED = re.compile(r"~r[0-9]+$")
 #: A Stripe customer or request id, as pasted from Stripe.
 _STRIPE_ID = re.compile(r"(cus|req)_[A-Za-z0-9]+")
@@ -116,8 +115,9 @@ def _tenants(conn: Connection, q: str, out: Group) -> None:
 
 
 def _events(conn: Connection, q: str, out: Group) -> None:
-    if q.isdigit() and int(q) <= _MAX_ID:
-        _fill(out, _rows(conn, select(*_EVENT_COLS).where(T.c.id == int(q))), "id", "event id")
+    number = ascii_int(q)  # "²" or "١٢" is text, looked for as keys below, not an id
+    if number is not None and 1 <= number <= MAX_ID:
+        _fill(out, _rows(conn, select(*_EVENT_COLS).where(T.c.id == number)), "id", "event id")
     ident = identifier_of(q)
     for value, why in ((q, "idempotency key"), (ident, "sent to Stripe as this identifier")):
         _fill(out, _rows(conn, select(*_EVENT_COLS).where(T.c.idempotency_key == value)),

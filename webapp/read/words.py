@@ -57,12 +57,29 @@ OUTCOME_WORDS: dict[str, str] = {
 
 #: The answer "an event already exists with identifier …": delivered, counted once.
 DUPLICATE_WORDS = "Stripe already had this event — counted once"
+#: What introduces Stripe's own message for that answer: a note about the event, not an error.
+ALREADY_AT_STRIPE = "Already at Stripe"
+#: What introduces any other answer that carries an error (class, code or message).
+STRIPE_ERROR = "Error"
 
 
 def is_duplicate(outcome: str | None, http_status: int | None) -> bool:
     """Stripe's duplicate-identifier answer: the one error status recorded as delivered
     (``stripe_gateway.errors.classify_error``)."""
     return outcome == Outcome.DELIVERED and http_status is not None and http_status >= 400
+
+
+def answer_label(outcome: str | None, http_status: int | None, *, error_class: str | None,
+                 error_code: str | None, message: str | None) -> str | None:
+    """How Stripe's answer to one call is introduced where it is shown:
+    :data:`ALREADY_AT_STRIPE` for the duplicate-identifier answer (delivered: its message is a
+    note), :data:`STRIPE_ERROR` for any other answer that carries an error, None when the
+    answer carries nothing to show (a 200)."""
+    if is_duplicate(outcome, http_status):
+        return ALREADY_AT_STRIPE
+    if error_class or error_code or message:
+        return STRIPE_ERROR
+    return None
 
 
 def state_words(status: str | None) -> str:

@@ -140,7 +140,8 @@ def drain(once: bool) -> None:
 @click.command("stats")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def stats(as_json: bool) -> None:
-    """Counts by status, the oldest pending age, and whether sending is paused."""
+    """Counts by status, the oldest pending age, the state of sending (the dashboard's
+    status line) and the pause switch."""
     from ..read.stats import stats as compute
 
     data = compute(_svc().engine, now=_svc().clock(),
@@ -155,12 +156,15 @@ def stats(as_json: bool) -> None:
     for status, n in data["counts"].items():  # type: ignore[attr-defined]
         click.echo(f"{status:>10}  {n}")
     click.echo(f"oldest pending age: {data['oldest_pending_age_seconds']} s")
-    click.echo("sending: " + (f"PAUSED ({data['pause_reason']})" if data["paused"] else "running"))
+    # Whether sending is fine is the status line's decision (read.health) alone; the pause
+    # switch is one of its inputs, shown as what it is.
+    state = data["health"]
+    click.echo(f"sending: {state['title']} - {state['detail']}")  # type: ignore[index]
+    click.echo("pause switch: " + (f"on ({data['pause_reason'] or 'no reason given'})"
+                                   if data["paused"] else "off"))
     click.echo(f"meter event API: {data['meter_event_api']}")
     click.echo(f"Stripe API: {data['stripe_api_base']}; meter event streams: "
                f"{data['stripe_meter_events_base']}")
-    state = data["health"]
-    click.echo(f"state: {state['title']} - {state['detail']}")  # type: ignore[index]
 
 
 @click.group("users")

@@ -17,6 +17,7 @@ from . import charts
 from .common import now, render, svc
 from .params import CHART_RANGE, NEXT, Text, accepts
 from .security import current_user, require_role, safe_next
+from .templating import chrome
 
 bp = Blueprint("dashboard", __name__)
 
@@ -28,15 +29,15 @@ PAUSE_REASON = Text("reason", 500, source="form")
 @require_role("viewer")
 @accepts(CHART_RANGE)
 def overview() -> ResponseReturnValue:
-    """Counts, throughput, failure rate, the sending switch and what needs attention; the
-    chart over the chosen range."""
+    """Counts, throughput, failure rate, the state of sending, the pause switch and what
+    needs attention; the chart over the chosen range. The state of sending is the status
+    line's, read once for the request (``chrome``), also for the live panel alone."""
     settings = svc().settings
     data = overview_reads.overview(svc().engine, now=now(), stripe_mode=settings.stripe_mode,
-                                   chart_range=CHART_RANGE.get())
+                                   chart_range=CHART_RANGE.get(), status=chrome()["health"])
     with reading(svc().engine) as conn:
         pruned, _, last_at = pruned_totals(conn)
-    return render("dashboard/overview.html", ov=data, stripe_mode=settings.stripe_mode,
-                  ranges=RANGES, chart=_sent_chart(data),
+    return render("dashboard/overview.html", ov=data, ranges=RANGES, chart=_sent_chart(data),
                   retention={"days": settings.retention_days, "events": pruned,
                              "last_at": last_at})
 

@@ -33,14 +33,14 @@ from werkzeug.formparser import FormDataParser
 from werkzeug.routing import BaseConverter, PathConverter, ValidationError
 from werkzeug.utils import cached_property
 
+from ..read.numbers import MAX_ID as MAX_ID  # re-exported: the views' id fields use it
+from ..read.numbers import ascii_int
 from ..read.paging import Cursor
 from ..read.series import DEFAULT_RANGE, RANGES
 
 V = TypeVar("V")
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: The largest id a 64-bit signed integer column holds.
-MAX_ID = 2**63 - 1
 #: The dates a filter may name (the datetimes built from them stay far from year 1 and 9999).
 EARLIEST = date(2000, 1, 1)
 LATEST = date(2100, 12, 31)
@@ -49,7 +49,6 @@ TENANT_MAX = 100
 
 Source = Literal["query", "form", "either"]
 
-_INT = re.compile(r"-?[0-9]{1,19}")
 _DAY = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _CONTROL_MULTILINE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
@@ -161,9 +160,8 @@ class Text(Field[str]):
 def whole_number(field: Field[Any], raw: str, low: int, high: int, clamp: bool = False) -> int:
     """``raw`` as a whole number (ASCII digits) from ``low`` to ``high``; ``clamp``: a number
     outside the range (but within 64 bits) is moved into it rather than refused."""
-    text = raw.strip()
-    if _INT.fullmatch(text):
-        value = int(text)
+    value = ascii_int(raw.strip())
+    if value is not None:
         if clamp and -MAX_ID - 1 <= value <= MAX_ID:
             return max(low, min(high, value))
         if low <= value <= high:
