@@ -223,3 +223,36 @@ def test_adjustments_answer_as_a_test_asks(fake: FakeStripe, client: Any) -> Non
     send(client, params("b3", timestamp=MIDNIGHT + 63), "kb3-again")
     fourth = cancel("b3")
     assert fourth.status == "pending" and "id" not in fourth.to_dict()
+
+
+def test_a_customer_is_found_deleted_or_missing_as_stripe_answers(fake: FakeStripe,
+                                                                   client: Any) -> None:
+    """``GET /v1/customers/{id}``: the customer; a deleted one's stub; a 404
+    ``resource_missing`` for an unknown id. Deleting one later (also from another process)
+    makes its later events refused after the 200."""
+    assert client.v1.customers.retrieve("cus_A").id == "cus_A"
+    with pytest.raises(stripe.InvalidRequestError) as info:
+        client.v1.customers.retrieve("cus_nobody")
+    assert info.value.http_status == 404 and info.value.code == "resource_missing"
+    import requests
+
+    assert requests.post(f"{fake.base_url}/_fake/delete_customer", json={"id": "cus_A"},
+                         timeout=5).status_code == 200
+    assert client.v1.customers.retrieve("cus_A").to_dict()["deleted"] is True
+    assert fake.customer_lookups == {"cus_A": 2, "cus_nobody": 1}
+    send(client, params("after-delete", customer="cus_A"), "after-delete")
+    fake.flush_reports()
+    codes = [t["code"] for e in fake.events() for t in e["data"]["reason"]["error_types"]]
+    assert codes == ["meter_event_customer_not_found"]
+
+
+def test_a_report_can_be_asked_for_from_another_process(fake: FakeStripe) -> None:
+    import requests
+
+    made = requests.post(f"{fake.base_url}/_fake/report", timeout=5, json={
+        "event_name": "api_requests", "code": "meter_event_invalid_value",
+        "message": "bad", "identifier": "bo-stream-x"}).json()["event"]
+    [event] = fake.events()
+    assert event["id"] == made
+    [kind] = event["data"]["reason"]["error_types"]
+    assert kind["sample_errors"][0]["request"]["identifier"] == "bo-stream-x"

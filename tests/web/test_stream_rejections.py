@@ -91,7 +91,7 @@ def map_tenants(engine: Engine) -> None:
                          ids=["message-names-customer", "customer-asked"])
 def test_a_sample_naming_a_request_rejects_exactly_the_unknown_customers_events(
         engine: Engine, fake: FakeStripe, settings: Settings, drainer: Drainer,
-        names_customer: bool) -> None:
+        names_customer: bool, client_as: Any) -> None:
     """One request carries three customers' events; Stripe has two of them. The report
     samples one error naming the request's key: every event of the unknown customer, and
     none of the others, becomes rejected. When the message does not name the customer,
@@ -132,6 +132,11 @@ def test_a_sample_naming_a_request_rejects_exactly_the_unknown_customers_events(
         assert fake.customer_lookups == {}
     else:
         assert fake.customer_lookups == {"cus_a": 1, "cus_b": 1, "cus_ghost": 1}
+    # The event page says how the refusal was traced, and leads to the request's events.
+    page = client_as("viewer").get(f"/events/{ids['ghost'][0]}").get_data(as_text=True)
+    assert 'data-k="found-by"' in page
+    assert ("asked, Stripe said it has no such customer" in page) is not names_customer
+    assert f"/events?request={key}" in page
 
 
 def test_customers_are_asked_once_per_refresh_across_reports(

@@ -23,6 +23,7 @@ from ..read.words import (
     pre_aggregated_words,
     state_words,
 )
+from ..stripe_gateway.stream import REQUEST_KEY_PREFIX
 from ..users import MIN_PASSWORD, has_role
 from .common import now, svc
 from .security import csrf_token, current_user
@@ -195,6 +196,12 @@ def qs(**params: Any) -> str:
     return urlencode({k: v for k, v in params.items() if v not in (None, "")})
 
 
+def is_stream_request(key: str | None) -> bool:
+    """Whether an attempt's idempotency key is a meter event stream request's (its events
+    are listed by ``/events?request=KEY``)."""
+    return bool(key) and str(key).startswith(REQUEST_KEY_PREFIX)
+
+
 def init_app(app: Flask) -> None:
     app.jinja_env.autoescape = True  # every template, whatever its extension
     app.jinja_env.filters.update(utc=fmt_utc, ago=fmt_age, num=num, pct=pct,
@@ -202,6 +209,7 @@ def init_app(app: Flask) -> None:
                                  pre_aggregated_words=pre_aggregated_words,
                                  found_by_words=found_by_words)
     app.jinja_env.globals.update(when=when, qs=qs, csrf_token=csrf_token, chrome=chrome,
+                                 is_stream_request=is_stream_request,
                                  is_duplicate=is_duplicate, has_role=has_role, escape=escape,
                                  tenant_url=tenant_url,
                                  event_url=event_url, usage_rows=usage_rows,

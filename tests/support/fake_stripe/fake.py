@@ -551,6 +551,12 @@ class FakeStripe(FaultsMixin, MeterEventsMixin, StreamMixin, BillingMixin, Custo
                 self.expire_stream_tokens()
             elif name == "flush_reports":
                 return Response(200, to_json({"events": self.flush_reports()}))
+            elif name == "report":
+                return Response(200, to_json({"event": self.report_errors([AsyncError(
+                    str(args["event_name"]), str(args["code"]), str(args["message"]),
+                    str(args["identifier"]))])}))
+            elif name == "delete_customer":
+                self.delete_customer(str(args["id"]))
             else:
                 return error(404, "invalid_request_error", f"No control endpoint POST {name}.")
         except (TypeError, ValueError, KeyError) as exc:
