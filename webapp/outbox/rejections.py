@@ -15,20 +15,23 @@ nothing of ours are kept and shown, never dropped.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, insert, select
+from sqlalchemy import Connection, Engine, func, insert, select
 from sqlalchemy import update as sa_update
 
 from ..models import fit, fit_key
+from . import refused
 from .customers import CustomerCheck
 from .rollups import lock_sent_mark, unfold_sent
 from .sql import ERROR_SAMPLES, SENT_AS, STRIPE_EVENTS, STRIPE_METERS, T, as_utc, insert_for
 from .states import Move, Status, allowed, identifier_of
 from .tracing import (
+    BY_CUSTOMER,
     BY_REQUEST,
     BY_SAMPLE,
     CUSTOMER_NOT_FOUND,
@@ -39,6 +42,8 @@ from .tracing import (
     requests_named,
     single_out,
 )
+
+log = logging.getLogger(__name__)
 
 ERROR_REPORT = "v1.billing.meter.error_report_triggered"
 NO_METER_FOUND = "v1.billing.meter.no_meter_found"
@@ -74,6 +79,16 @@ class StripeReport:
     summary: str | None = None
     samples: tuple[ErrorSample, ...] = ()
     body: str | None = None
+    #: When Stripe validated the events it reports on (``data.validation_start`` / ``_end``).
+    validation_start: datetime | None = None
+    validation_end: datetime | None = None
+    #: How many errors of each code Stripe counted (``error_types[].error_count``): more than
+    #: it samples.
+    code_counts: tuple[tuple[str, int], ...] = ()
+
+    def count_of(self, code: str) -> int:
+        """How many errors of ``code`` Stripe counted (0 when it named none)."""
+        return sum(n for c, n in self.code_counts if c == code)
 
     @property
     def meter_codes(self) -> bool:
@@ -140,15 +155,18 @@ def _fitted(report: StripeReport) -> StripeReport:
 def customers_to_ask(conn: Connection, reports: Sequence[StripeReport]) -> set[str]:
     """The customers Stripe should be asked about before these reports are applied: those of
     the events carried by the stream requests that ``meter_event_customer_not_found`` samples
-    name (of the report's meter), at most ``MAX_CUSTOMERS_PER_REPORT`` per report. A read."""
+    name (of the report's meter), at most ``MAX_CUSTOMERS_PER_REPORT`` per report; and, for a
+    report that counts more such errors than it samples, those the meter's events went to in
+    its window (:mod:`.refused`). A read."""
     out: set[str] = set()
     for report in reports:
+        meter = _meter_names(conn, [report.meter_id]).get(report.meter_id or "")
+        out |= refused.customers_sent_to(conn, report, meter)
         asked = [s for s in report.samples if s.code == CUSTOMER_NOT_FOUND and s.identifier]
         requests = requests_named(conn, [s.identifier or "" for s in asked])
         if not requests:
             continue
         events = _events_by_id(conn, {c.event_id for r in requests.values() for c in r.events})
-        meter = _meter_names(conn, [report.meter_id]).get(report.meter_id or "")
         found: set[str] = set()
         for s in asked:
             request = requests.get(s.identifier or "")
@@ -183,7 +201,7 @@ def store_reports(engine: Engine, reports: Sequence[StripeReport], *, source: st
                 .on_conflict_do_nothing(index_elements=[STRIPE_EVENTS.c.id])
                 .returning(STRIPE_EVENTS.c.id)).first()
             applied.append(Applied(stored=row is not None))
-            if row is not None and report.samples:
+            if row is not None and (report.samples or refused.unexplained(report)):
                 fresh.append((report, applied[-1]))
         if fresh:
             meters = _meter_names(conn, [r.meter_id for r, _ in fresh])
@@ -197,9 +215,48 @@ def store_reports(engine: Engine, reports: Sequence[StripeReport], *, source: st
                     one.ambiguous += outcome == AMBIGUOUS
                     if outcome == REJECTED and event_id is not None:
                         one.event_ids.append(event_id)
+                found = _find_by_asking(conn, report, meters.get(report.meter_id or ""),
+                                        customers or {}, now)
+                one.rejected += len(found)
+                one.event_ids += found
                 conn.execute(sa_update(STRIPE_EVENTS).where(STRIPE_EVENTS.c.id == report.id)
                              .values(rejected=one.rejected, unmatched=one.unmatched))
         return applied
+
+
+def _find_by_asking(conn: Connection, report: StripeReport, meter: str | None,
+                    customers: Mapping[str, CustomerCheck], now: datetime) -> list[int]:
+    """Reject the events the report counted but did not sample, sent to customers Stripe
+    says it lacks (:mod:`.refused`); their ids. Each gets a row in ``stripe_error_samples``
+    naming no identifier (found, not sampled)."""
+    if not refused.unexplained(report):
+        return []
+    traced = int(conn.execute(select(func.count(func.distinct(ERROR_SAMPLES.c.event_id))).where(
+        ERROR_SAMPLES.c.stripe_event_id == report.id, ERROR_SAMPLES.c.code == CUSTOMER_NOT_FOUND,
+        ERROR_SAMPLES.c.outcome.in_((REJECTED, ALREADY, WAITING)))).scalar_one())
+    rows = refused.refused_by_asking(conn, report, meter, customers, traced)
+    if not rows:
+        if rows is None:
+            log.warning("Stripe's report %s counts %d customer-not-found errors; asking about "
+                        "the customers found more events than that: none is marked, "
+                        "reconciliation decides", report.id,
+                        report.count_of(CUSTOMER_NOT_FOUND))
+        return []
+    mark = lock_sent_mark(conn)
+    said = next((s.message for s in report.samples if s.code == CUSTOMER_NOT_FOUND), None)
+    moved, samples = [], []
+    for ev in rows:
+        why = ErrorSample(CUSTOMER_NOT_FOUND, fit(ERROR_SAMPLES.c.message, said or (
+            f"Stripe has no customer {ev.stripe_customer_id} (asked)")), None)
+        if _reject(conn, ev, why, report.id, now, BY_CUSTOMER):
+            moved.append(ev)
+            samples.append(dict(stripe_event_id=report.id, code=why.code, message=why.message,
+                                identifier=None, event_id=int(ev.id), outcome=REJECTED,
+                                at=now))
+    if moved:
+        unfold_sent(conn, mark, moved)
+        conn.execute(insert(ERROR_SAMPLES), samples)
+    return [int(ev.id) for ev in moved]
 
 
 def _apply(conn: Connection, reports: Sequence[tuple[str, str | None, Sequence[ErrorSample]]],

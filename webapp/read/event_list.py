@@ -21,6 +21,7 @@ from sqlalchemy import Connection, Engine, false, func, select
 from ..db import exporting, reading
 from ..outbox.sql import (
     AUDIT_EVENTS,
+    ERROR_SAMPLES,
     IDLE_UNSENT,
     IN_FLIGHT,
     TENANTS,
@@ -94,6 +95,7 @@ class EventFilters:
     attempts_min: int | None = None
     attempts_max: int | None = None
     request: str = ""  # a stream request's Idempotency-Key: the events it carried
+    report: str = ""  # a Stripe error report's id: the events its errors were traced to
 
     def __post_init__(self) -> None:
         for s in self.status:
@@ -110,7 +112,7 @@ class EventFilters:
         if self.status:
             out["status"] = list(self.status)
         for name in ("tenant", "customer", "meter", "age", "code", "error_class", "http", "why",
-                     "reject_code", "outcome", "request"):
+                     "reject_code", "outcome", "request", "report"):
             if getattr(self, name):
                 out[name] = getattr(self, name)
         for name in DATE_FILTERS:
@@ -166,7 +168,8 @@ class EventFilters:
         for name, words in (("code", "last error code"), ("error_class", "last error class"),
                             ("http", "last HTTP status"),
                             ("reject_code", "Stripe's rejection code"),
-                            ("request", "carried by stream request")):
+                            ("request", "carried by stream request"),
+                            ("report", "found from Stripe's report")):
             value = getattr(self, name)
             if value:
                 add(f"no {words}" if value == NONE else f"{words} {value}", name)
@@ -271,6 +274,9 @@ def _common(conn: Connection, f: EventFilters, now: datetime) -> list[Any]:
         where.append(T.c.id.in_(select(AUDIT_EVENTS.c.event_id)
                                 .where(AUDIT_EVENTS.c.audit_id.in_(f.audit))))
     where += [T.c.id.in_(request_event_ids(conn, f.request))] if f.request else []
+    if f.report:
+        where.append(T.c.id.in_(select(ERROR_SAMPLES.c.event_id).where(
+            ERROR_SAMPLES.c.stripe_event_id == f.report, ERROR_SAMPLES.c.event_id.is_not(None))))
     if f.attempts_min is not None:
         where.append(T.c.attempt_count >= f.attempts_min)
     if f.attempts_max is not None:

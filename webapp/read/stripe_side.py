@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Engine, func, select
+from sqlalchemy import Connection, Engine, case, func, select
 
 from ..db import reading
 from ..outbox import sync
@@ -75,6 +75,7 @@ def stripe_page(engine: Engine, *, limit: int = 50) -> StripePage:
                    STRIPE_EVENTS.c.rejected, STRIPE_EVENTS.c.unmatched,
                    STRIPE_EVENTS.c.summary)
             .order_by(STRIPE_EVENTS.c.created.desc()).limit(limit))]
+        _add_findings(conn, reports)
         unmatched = [row_dict(r) for r in conn.execute(
             select(ERROR_SAMPLES, STREAM_REQUESTS.c.events.label("request_events"))
             .select_from(ERROR_SAMPLES.outerjoin(
@@ -84,6 +85,34 @@ def stripe_page(engine: Engine, *, limit: int = 50) -> StripePage:
         syncs = {name: sync.sync_status(conn, name)
                  for name in (sync.METERS, sync.EVENTS, sync.RECONCILE)}
     return StripePage(meters, waiting, reports, unmatched, syncs)
+
+
+#: The outcomes of a report's rows that traced one of its errors to an event of ours.
+FOUND = ("rejected", "already", "waiting")
+
+
+def _add_findings(conn: Connection, reports: list[dict[str, Any]]) -> None:
+    """What each report's errors came to here, so its columns add up: ``found`` (events of
+    ours its samples, or asking Stripe about customers, traced them to), ``not_ours``
+    (samples naming nothing of ours), ``ambiguous`` (samples naming a stream request without
+    singling out the event), and ``unfound``: what Stripe counted beyond those, which
+    reconciliation accounts for."""
+    if not reports:
+        return
+    S = ERROR_SAMPLES.c
+    found = case((S.outcome.in_(FOUND), S.event_id), else_=None)
+    by = {r.stripe_event_id: r for r in conn.execute(
+        select(S.stripe_event_id, func.count(func.distinct(found)).label("found"),
+               func.sum(case((S.outcome == "unmatched", 1), else_=0)).label("not_ours"),
+               func.sum(case((S.outcome == "ambiguous", 1), else_=0)).label("ambiguous"))
+        .where(S.stripe_event_id.in_([r["id"] for r in reports]))
+        .group_by(S.stripe_event_id))}
+    for r in reports:
+        got = by.get(r["id"])
+        r["found"] = int(got.found) if got is not None else 0
+        r["not_ours"] = int(got.not_ours or 0) if got is not None else 0
+        r["ambiguous"] = int(got.ambiguous or 0) if got is not None else 0
+        r["unfound"] = max(0, int(r["error_count"] or 0) - r["found"] - r["not_ours"])
 
 
 def samples_for_event(conn: Connection, event_id: int) -> list[dict[str, Any]]:

@@ -82,23 +82,44 @@ def report_from(event: dict[str, Any]) -> StripeReport:
     reason = data.get("reason") or {}
     related = event.get("related_object") or {}
     samples = []
+    counts: list[tuple[str, int]] = []
     for error_type in reason.get("error_types") or []:
+        code = _text(error_type.get("code"))
+        if code is not None:
+            counts.append((code, _count(error_type.get("error_count"))))
         for sample in error_type.get("sample_errors") or []:
             request = sample.get("request") or {}
-            samples.append(ErrorSample(code=_text(error_type.get("code")),
+            samples.append(ErrorSample(code=code,
                                        message=_text(sample.get("error_message")),
                                        identifier=_text(request.get("identifier"))))
-    try:
-        error_count = int(reason.get("error_count") or 0)
-    except (TypeError, ValueError, OverflowError):
-        error_count = 0
+    error_count = _count(reason.get("error_count"))
     # Lengths are the store's business (``webapp.models.limits``): texts come out whole.
     return StripeReport(
         id=str(event["id"]), type=str(event.get("type") or ""),
         created=_parse_time(event.get("created")),
         meter_id=_text(related.get("id")), error_count=error_count,
         summary=_text(data.get("developer_message_summary")), samples=tuple(samples),
-        body=json.dumps(event, default=str))
+        body=json.dumps(event, default=str),
+        validation_start=_time_or_none(data.get("validation_start")),
+        validation_end=_time_or_none(data.get("validation_end")), code_counts=tuple(counts))
+
+
+def _count(value: Any) -> int:
+    """A count of Stripe's, or 0 for anything that is not a whole number."""
+    try:
+        return max(int(value or 0), 0)
+    except (TypeError, ValueError, OverflowError):
+        return 0
+
+
+def _time_or_none(value: Any) -> datetime | None:
+    """A time of Stripe's, or None when absent or unreadable."""
+    if value is None:
+        return None
+    try:
+        return _parse_time(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
 
 
 def _text(value: Any) -> str | None:

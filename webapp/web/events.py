@@ -57,9 +57,11 @@ AUDIT_ID = Ids("audit", max_count=10, source="query")
 ATTEMPTS = IntRange("attempts", 0, 1_000_000)
 #: A meter event stream request's ``Idempotency-Key``: the events it carried.
 REQUEST = Text("request", 255, pattern=r"[A-Za-z0-9_:~.-]+")
+#: A Stripe error report's id: the events its errors were traced to.
+REPORT = Text("report", 255)
 LIST_FILTERS = (STATUS, TENANT, CUSTOMER, METER, CREATED_FROM, CREATED_TO, OCCURRED_FROM,
                 OCCURRED_TO, SENT_FROM, SENT_TO, DUE, AGE, CODE, ERROR_CLASS, HTTP, WHY,
-                REJECT_CODE, OUTCOME, AUDIT_ID, ATTEMPTS, REQUEST)
+                REJECT_CODE, OUTCOME, AUDIT_ID, ATTEMPTS, REQUEST, REPORT)
 LIMIT = Int("limit", 1, lists.MAX_LIMIT, default=lists.DEFAULT_LIMIT, clamp=True)
 BEFORE = Int("before", 1, MAX_ID)
 
@@ -75,7 +77,7 @@ def list_filters() -> lists.EventFilters:
         sent_from=SENT_FROM.get(), sent_to=SENT_TO.get(), due=DUE.get(), age=AGE.get(),
         code=CODE.get(), error_class=ERROR_CLASS.get(), http=HTTP.get(), why=WHY.get(),
         reject_code=REJECT_CODE.get(), outcome=OUTCOME.get(), audit=tuple(AUDIT_ID.get()),
-        attempts_min=lo, attempts_max=hi, request=REQUEST.get())
+        attempts_min=lo, attempts_max=hi, request=REQUEST.get(), report=REPORT.get())
 
 
 def _detail(event_id: int) -> EventDetail:

@@ -77,6 +77,8 @@ class AsyncError:
     code: str
     message: str
     identifier: str
+    #: When the event was accepted (the fake's clock); the report's validation starts then.
+    at: float | None = None
 
 
 class IdemRecord:
@@ -455,7 +457,8 @@ class MeterEventsMixin:
         if problem is not None:
             accepted.valid = False
             self._pending_errors.append(AsyncError(accepted.event_name, problem[0], problem[1],
-                                                   sample_names or accepted.identifier))
+                                                   sample_names or accepted.identifier,
+                                                   accepted.received_at))
         if again:
             self._also_accepted.append(accepted)
         else:

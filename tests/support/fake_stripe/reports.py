@@ -94,7 +94,11 @@ class ReportsMixin:
             "type": type_, "created": _rfc3339(now), "livemode": False, "context": None,
             "data": {"developer_message_summary": (f"There are {total} invalid meter events."
                                                    if summary is None else summary),
-                     "validation_start": _rfc3339(now - 60), "validation_end": _rfc3339(now),
+                     # Validated from when the first of them was accepted, until now.
+                     "validation_start": _rfc3339(min(
+                         [e.at for e in errs if e.at is not None and e.at <= now],
+                         default=now - 60)),
+                     "validation_end": _rfc3339(now),
                      "reason": {"error_count": total, "error_types": types}},
         }
         if meter is not None and type_ != NO_METER_FOUND:
