@@ -13,6 +13,7 @@ from webapp.models import AuditEntry, Control, DeliveryAttempt, OutboxEvent, Ten
 from webapp.read.audit import NOT_SIGN_IN
 
 T = OutboxEvent.__table__
+TENANTS = Tenant.__table__
 
 
 class Seed:
@@ -49,6 +50,12 @@ class Seed:
                        next_attempt_at=now + timedelta(minutes=5), first_attempt_at=now)
         row.update(kw)
         with self.engine.begin() as conn:
+            if status != "pending" and "stripe_customer_id" not in kw:
+                # Attempted: the customer its tenant was mapped to is fixed on it, as a
+                # claim does.
+                row["stripe_customer_id"] = conn.execute(
+                    select(TENANTS.c.stripe_customer_id)
+                    .where(TENANTS.c.tenant_id == row["tenant_id"])).scalar()
             return int(conn.execute(insert(T).values(**row).returning(T.c.id)).scalar_one())
 
     def events(self, n: int, **kw: Any) -> list[int]:

@@ -57,15 +57,21 @@ def usage_data(seed, now):
 
 
 def read_usage_csv(text: str) -> tuple[list[list[str]], list[str], list[dict[str, str]],
-                                      dict[str, str]]:
+                                      dict[str, dict[str, str]]]:
     """The usage CSV's parts: the lines before the empty one, the header, the rows (as
-    dicts), and the totals row (the last)."""
+    dicts), and the totals rows at its end, one per meter (by meter)."""
     lines = list(csv.reader(io.StringIO(text, newline="")))
     blank = lines.index([])
     preamble, header, body = lines[:blank], lines[blank + 1], lines[blank + 2:]
     rows = [dict(zip(header, r, strict=True)) for r in body]
-    assert rows and rows[-1]["Tenant"] == "Total", "the file ends with its totals row"
-    return preamble, header, rows[:-1], rows[-1]
+    first = next((i for i, r in enumerate(rows) if r["Tenant"] == "Total"), len(rows))
+    assert all(r["Tenant"] == "Total" for r in rows[first:]), "the totals rows come last"
+    return preamble, header, rows[:first], {r["Meter"]: r for r in rows[first:]}
+
+
+def total_of(totals: dict[str, dict[str, str]], column: str) -> int:
+    """A column of the file's totals rows, added up here over the meters."""
+    return sum(int(t[column]) for t in totals.values())
 
 
 def as_expected(usage: reads.Usage) -> dict:
@@ -106,13 +112,17 @@ def test_page_and_csv_show_the_same_numbers(client_as, engine, usage_data, now) 
     assert "cus_acme" in html and "not mapped" in html
     usage = reads.tenant_usage(engine, start=start, end=end)
     for r in usage.rows:
-        row = re.search(rf'<tr data-tenant="{r.tenant_id}" data-meter="{r.meter}">(.*?)</tr>',
+        row = re.search(rf'<tr data-tenant="{r.tenant_id}" data-meter="{r.meter}" '
+                        rf'data-customer="{r.stripe_customer_id or ""}">(.*?)</tr>',
                         html, re.S).group(1)
         for s in reads.USAGE_STATUSES:
             cell = re.search(rf'data-col="{s}_quantity">([^<]*)<', row).group(1)
             assert int(cell.replace(",", "")) == r.quantity[s]
-    total = re.search(r'data-col="total_sent_quantity">([^<]*)<', html).group(1)
-    assert int(total.replace(",", "")) == 132
+    # A totals row per meter: api_requests 32, storage 100 (never added together).
+    shown = {m: re.search(r'data-col="total_sent_quantity">([^<]*)<', row).group(1)
+             for m, row in re.findall(r'<tr class="period-total" data-meter="([^"]*)">(.*?)</tr>',
+                                      html, re.S)}
+    assert shown == {"api_requests": "32", "storage": "100"}
 
     resp = client.get(f"/tenants.csv?from={start.isoformat()}&to={end.isoformat()}")
     assert resp.status_code == 200 and resp.mimetype == "text/csv"
@@ -140,14 +150,20 @@ def test_page_and_csv_show_the_same_numbers(client_as, engine, usage_data, now) 
     assert [c for c in header if c != "Tenant name"] == screen
     assert header[1] == "Tenant name"
 
-    # The totals row is the sum of the rows, and the screen's totals.
-    for col in header[4:]:
-        assert int(totals[col]) == sum(int(r[col]) for r in rows), col
-        status, what = col.split(" ")
-        shown = re.search(rf'data-col="total_{status}_{"quantity" if what == "units" else what}"'
-                          r'>([^<]*)<', html).group(1)
-        assert int(shown.replace(",", "")) == int(totals[col]), col
-    assert int(totals["sent units"]) == 132 and int(totals["sent events"]) == 6
+    # A totals row per meter: the sum of that meter's rows, and the screen's totals.
+    assert set(totals) == {"api_requests", "storage"}
+    for meter, total in totals.items():
+        screen_row = re.search(rf'<tr class="period-total" data-meter="{meter}">(.*?)</tr>',
+                               html, re.S).group(1)
+        for col in header[4:]:
+            assert int(total[col]) == sum(int(r[col]) for r in rows if r["Meter"] == meter)
+            status, what = col.split(" ")
+            shown_cell = re.search(rf'data-col="total_{status}_'
+                                   rf'{"quantity" if what == "units" else what}">([^<]*)<',
+                                   screen_row).group(1)
+            assert int(shown_cell.replace(",", "")) == int(total[col]), (meter, col)
+    assert int(totals["api_requests"]["sent units"]) == 32
+    assert int(totals["storage"]["sent units"]) == 100
 
     # The period and when the file was made, before the table.
     assert preamble[0][1:] == [start.isoformat(), end.isoformat()]
@@ -163,7 +179,7 @@ def test_other_periods(client_as, usage_data, now) -> None:
     resp = client.get(f"/tenants.csv?from={start.isoformat()}&to={start.isoformat()}")
     _, _, rows, totals = read_usage_csv(resp.get_data(as_text=True))
     assert rows == [] or all(int(r["sent events"]) == 0 for r in rows)
-    assert int(totals["sent events"]) == 0
+    assert total_of(totals, "sent events") == 0
     last_day = reads.month_start(now) - timedelta(days=1)
     _, _, rows, totals = read_usage_csv(client.get(
         f"/tenants.csv?from={last_day.isoformat()}&to={now.date().isoformat()}")
@@ -175,7 +191,7 @@ def test_other_periods(client_as, usage_data, now) -> None:
         f"/tenants.csv?from={last_day.isoformat()}&to={now.date().isoformat()}&tenant=globex")
         .get_data(as_text=True))
     assert {r["Tenant"] for r in rows} == {"globex"} and ["Tenant", "globex"] in preamble
-    assert int(totals["dead units"]) == 6 and int(totals["sent units"]) == 0
+    assert total_of(totals, "dead units") == 6 and total_of(totals, "sent units") == 0
     assert client.get("/tenants?from=2026-02-10&to=2026-02-01").status_code == 400
     assert client.get("/tenants?from=nope").status_code == 400
     assert client.get("/tenants?from=2020-01-01&to=2026-01-01").status_code == 400
@@ -288,7 +304,8 @@ def test_usage_table_escapes_what_the_database_holds(client_as, seed, now) -> No
     html = client_as("viewer").get("/tenants").get_data(as_text=True)
     assert "<img src=x" not in html and "<script>alert(2)" not in html and "m<i>" not in html
     assert "cus_<b>" not in html
-    row = re.search(r'<tr data-tenant="([^"]*)" data-meter="([^"]*)">(.*?)</tr>', html)
+    row = re.search(r'<tr data-tenant="([^"]*)" data-meter="([^"]*)" data-customer="[^"]*">'
+                    r'(.*?)</tr>', html)
     assert row.group(1) == "&lt;img src=x onerror=&#34;alert(1)&#34;&gt;&amp;"
     assert row.group(2) == "m&lt;i&gt;"
     cells = row.group(3)

@@ -27,7 +27,8 @@ from webapp.read.usage_table import PER_PAGE, UsageQuery, usage_table
 from .test_tenants import read_usage_csv
 
 T = OutboxEvent.__table__
-ROW_RE = re.compile(r'<tr data-tenant="([^"]*)" data-meter="([^"]*)">(.*?)</tr>', re.S)
+ROW_RE = re.compile(r'<tr data-tenant="([^"]*)" data-meter="([^"]*)" data-customer="[^"]*">'
+                    r'(.*?)</tr>', re.S)
 MAP_RE = re.compile(r'<tr data-tenant="([^"]*)"><td>')
 GHOSTS = 25
 
@@ -57,11 +58,11 @@ def load(engine: Any, n: int, now: datetime) -> None:
         if not mapped:
             ev(t, "pending", 2)
             continue
-        rollup.append(dict(day=day, tenant_id=t, meter="api_requests", events=1 + i % 7,
-                           quantity=1 + (i * 37) % 1000))
+        rollup.append(dict(day=day, tenant_id=t, customer=f"cus_{i:05d}", meter="api_requests",
+                           events=1 + i % 7, quantity=1 + (i * 37) % 1000))
         if i % 4 == 1:
-            rollup.append(dict(day=day, tenant_id=t, meter="storage", events=2,
-                               quantity=1 + (i * 11) % 500))
+            rollup.append(dict(day=day, tenant_id=t, customer=f"cus_{i:05d}", meter="storage",
+                               events=2, quantity=1 + (i * 11) % 500))
         if i % 50 == 3:
             ev(t, "dead", 5, stripe_customer_id=f"cus_{i:05d}", dead_at=at)
         if i % 30 == 7:
@@ -73,8 +74,8 @@ def load(engine: Any, n: int, now: datetime) -> None:
     with engine.begin() as conn:
         conn.execute(insert(Tenant.__table__), tenants)
         # through the rollups' one writer: the daily rows and their monthly and yearly sums
-        add_sent(conn, [(r["day"], r["tenant_id"], r["meter"], r["events"], r["quantity"])
-                        for r in rollup])
+        add_sent(conn, [(r["day"], r["tenant_id"], r["customer"], r["meter"], r["events"],
+                         r["quantity"]) for r in rollup])
         conn.execute(insert(T), events)
 
 
@@ -122,9 +123,16 @@ def in_order(rows: list[reads.UsageRow], sort: str, descending: bool) -> list[tu
 
 
 def shown_total(html: str, prefix: str, status: str, what: str) -> int:
-    cell = re.search(rf'data-col="{prefix}_{status}_{what}">([^<]*)<', html)
-    assert cell, f"{prefix} {status} {what} shown"
-    return int(cell.group(1).replace(",", ""))
+    """The page's totals of a figure, added up here over its meters (the page shows a totals
+    row per meter and never adds meters together)."""
+    cells = re.findall(rf'data-col="{prefix}_{status}_{what}">([^<]*)<', html)
+    assert cells, f"{prefix} {status} {what} shown"
+    return sum(int(c.replace(",", "")) for c in cells)
+
+
+def table_total(totals: dict[str, reads.UsageRow], what: str, status: str) -> int:
+    """A table's totals of a figure added up over its meters (each meter has its own)."""
+    return sum(getattr(t, what)[status] for t in totals.values())
 
 
 @pytest.fixture
@@ -169,7 +177,7 @@ def test_totals_are_the_whole_period_on_every_page_and_filter(client_as, tenants
                 r.quantity[s] for r in rows), (url, s)
             assert shown_total(html, "total", s, "events") == sum(r.events[s] for r in rows)
     html = client.get("/tenants?page=999").get_data(as_text=True)
-    assert "There is no page 999" in html and f"{len(rows):,} tenant × meter rows" in html
+    assert "There is no page 999" in html and f"{len(rows):,} rows" in html
 
 
 @pytest.mark.parametrize(("params", "keep"), [
@@ -189,7 +197,7 @@ def test_filters(client_as, tenants300, params, keep) -> None:
     seen = [key for p in walk(client, f"/tenants?{params}") for key in p]
     assert seen == in_order(want, "tenant", False)
     html = client.get(f"/tenants?{params}").get_data(as_text=True)
-    assert f"{len(want):,} of {len(tenants300):,} tenant × meter rows match" in html
+    assert f"{len(want):,} of {len(tenants300):,} rows match" in html
     for s in reads.USAGE_STATUSES:
         assert shown_total(html, "match", s, "quantity") == sum(r.quantity[s] for r in want)
         assert shown_total(html, "match", s, "events") == sum(r.events[s] for r in want)
@@ -250,7 +258,7 @@ def test_3000_tenants_page_totals_csv_and_one_parameter_not_one_per_tenant(
     assert counts and max(counts) < 150, max(counts)   # constants only, whatever the count
 
     assert len(ROW_RE.findall(html)) == PER_PAGE
-    assert f"{len(rows):,} tenant × meter rows" in html
+    assert f"{len(rows):,} rows" in html
     assert re.search(r"Page 1 of ([\d,]+)", html).group(1) == f"{-(-len(rows) // PER_PAGE):,}"
     for s in reads.USAGE_STATUSES:
         assert shown_total(html, "total", s, "quantity") == sum(r.quantity[s] for r in rows)
@@ -262,9 +270,12 @@ def test_3000_tenants_page_totals_csv_and_one_parameter_not_one_per_tenant(
     _, _, csv_rows, totals = read_usage_csv(csv_text)
     assert [(r["Tenant"], r["Meter"]) for r in csv_rows] == [(r.tenant_id, r.meter)
                                                              for r in rows]
-    for s in reads.USAGE_STATUSES:
-        assert int(totals[f"{s} units"]) == sum(r.quantity[s] for r in rows)
-        assert int(totals[f"{s} events"]) == sum(r.events[s] for r in rows)
+    assert set(totals) == {r.meter for r in rows}
+    for meter, total in totals.items():
+        mine = [r for r in rows if r.meter == meter]
+        for s in reads.USAGE_STATUSES:
+            assert int(total[f"{s} units"]) == sum(r.quantity[s] for r in mine)
+            assert int(total[f"{s} events"]) == sum(r.events[s] for r in mine)
 
 
 def test_mappings_keyset_both_ways_and_filters(client_as, engine, now) -> None:
@@ -366,8 +377,10 @@ def test_the_paged_table_and_the_file_equal_usage_in_after_a_random_history(
         assert _as_dicts(table.rows) == _as_dicts(want), (a, b)
         assert table.period_rows == table.matching == len(want)
         for s in reads.USAGE_STATUSES:
-            assert table.period_total.events[s] == sum(r.events[s] for r in want)
-            assert table.period_total.quantity[s] == sum(r.quantity[s] for r in want)
+            for meter, total in table.period_totals.items():
+                mine = [r for r in want if r.meter == meter]
+                assert total.events[s] == sum(r.events[s] for r in mine)
+                assert total.quantity[s] == sum(r.quantity[s] for r in mine)
         assert _as_dicts(list(usage_rows_streamed(engine, start=a, end=b))) == _as_dicts(want)
 
 
@@ -379,15 +392,18 @@ def test_part_of_a_month_or_year_reads_its_row_only_when_the_rest_is_empty(engin
 
     from webapp.read.usage_sources import _probe, sent_plan
 
-    rows = [dict(day=d, tenant_id="a", meter="m", events=1, quantity=10)
-            for d in ("2026-10-30", "2026-11-01", "2026-11-05", "2026-11-20")]
+    rows = [dict(day=d, tenant_id="a", stripe_customer_id="cus_a", meter="m", events=1,
+                 quantity=10) for d in ("2026-10-30", "2026-11-01", "2026-11-05", "2026-11-20")]
     with engine.begin() as conn:
         conn.execute(insert(SentUsageRollup.__table__), rows)
         conn.execute(insert(SentUsageMonthly.__table__), [
-            dict(month="2026-10", tenant_id="a", meter="m", events=1, quantity=10),
-            dict(month="2026-11", tenant_id="a", meter="m", events=3, quantity=30)])
+            dict(month="2026-10", tenant_id="a", stripe_customer_id="cus_a", meter="m",
+                 events=1, quantity=10),
+            dict(month="2026-11", tenant_id="a", stripe_customer_id="cus_a", meter="m",
+                 events=3, quantity=30)])
         conn.execute(insert(SentUsageYearly.__table__), [
-            dict(year="2026", tenant_id="a", meter="m", events=4, quantity=40)])
+            dict(year="2026", tenant_id="a", stripe_customer_id="cus_a", meter="m", events=4,
+                 quantity=40)])
 
     def plan(a: date, b: date) -> set[tuple[str, str, int]]:
         with engine.connect() as conn:
@@ -412,7 +428,7 @@ def test_part_of_a_month_or_year_reads_its_row_only_when_the_rest_is_empty(engin
                        (date(2025, 12, 1), date(2027, 1, 31), 40)):
         with engine.connect() as conn:
             table = usage_table(conn, UsageQuery(a, b))
-        assert table.period_total.quantity["sent"] == sent == reads.tenant_usage(
+        assert table.period_totals["m"].quantity["sent"] == sent == reads.tenant_usage(
             engine, start=a, end=b).rows[0].quantity["sent"], (a, b)
 
 

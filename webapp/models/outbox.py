@@ -271,8 +271,15 @@ class RollupState(Base):
     quantity: Mapped[int] = mapped_column(BigInteger, default=0)
 
 
+#: The Stripe customer a rollup row's usage went to (the one fixed on each event at its first
+#: attempt, migration 0019); ``""`` where an event had none (never attempted).
+def _customer_key() -> Mapped[str]:
+    return mapped_column(String(255), primary_key=True)
+
+
 class SentUsageRollup(Base):
-    """Sent usage folded by UTC day of occurrence (``YYYY-MM-DD``), tenant and meter.
+    """Sent usage folded by UTC day of occurrence (``YYYY-MM-DD``), tenant, the Stripe customer
+    it went to, and meter: a tenant remapped within a period has a row per customer.
 
     Sent is final, so a closed stretch of ``sent_at`` never changes once folded.
     """
@@ -281,6 +288,7 @@ class SentUsageRollup(Base):
 
     day: Mapped[str] = mapped_column(String(10), primary_key=True)
     tenant_id: Mapped[str] = mapped_column(String(100), primary_key=True)
+    stripe_customer_id: Mapped[str] = _customer_key()
     meter: Mapped[str] = mapped_column(String(100), primary_key=True)
     events: Mapped[int] = mapped_column(BigInteger, default=0)
     quantity: Mapped[int] = mapped_column(BigInteger, default=0)
@@ -300,6 +308,7 @@ class SentUsageMonthly(Base):
 
     month: Mapped[str] = mapped_column(String(7), primary_key=True)
     tenant_id: Mapped[str] = mapped_column(String(100), primary_key=True)
+    stripe_customer_id: Mapped[str] = _customer_key()
     meter: Mapped[str] = mapped_column(String(100), primary_key=True)
     events: Mapped[int] = mapped_column(BigInteger, default=0)
     quantity: Mapped[int] = mapped_column(BigInteger, default=0)
@@ -320,9 +329,16 @@ class SentUsageYearly(Base):
 
     year: Mapped[str] = mapped_column(String(4), primary_key=True)
     tenant_id: Mapped[str] = mapped_column(String(100), primary_key=True)
+    stripe_customer_id: Mapped[str] = _customer_key()
     meter: Mapped[str] = mapped_column(String(100), primary_key=True)
     events: Mapped[int] = mapped_column(BigInteger, default=0)
     quantity: Mapped[int] = mapped_column(BigInteger, default=0)
+
+    __table_args__ = (
+        # The tenants whose usage went to a Stripe customer, whatever they are mapped to now
+        # (search, the events list's customer filter; migration 0019).
+        Index("ix_usage_sent_yearly_customer", "stripe_customer_id", "tenant_id"),
+    )
 
 
 class SentUsageDay(Base):
@@ -348,6 +364,7 @@ class PrunedUsageRollup(Base):
 
     day: Mapped[str] = mapped_column(String(10), primary_key=True)
     tenant_id: Mapped[str] = mapped_column(String(100), primary_key=True)
+    stripe_customer_id: Mapped[str] = _customer_key()
     meter: Mapped[str] = mapped_column(String(100), primary_key=True)
     status: Mapped[str] = mapped_column(String(16), primary_key=True)
     events: Mapped[int] = mapped_column(BigInteger, default=0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String
+from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from .base import Base, BigID, UTCDateTime
@@ -54,6 +54,9 @@ class UsageReport(Base):
     total_cancelled_units: Mapped[int] = mapped_column(BigInteger)
     total_resolved_events: Mapped[int] = mapped_column(BigInteger)
     total_resolved_units: Mapped[int] = mapped_column(BigInteger)
+    #: The same totals per meter, as JSON (``{meter: {figure: n}}``, migration 0019): units of
+    #: different meters are never added together on the page.
+    meter_totals: Mapped[str | None] = mapped_column(Text)
 
     __table_args__ = (
         # The newest report of a period.
@@ -71,6 +74,8 @@ class UsageReportRow(Base):
     report_id: Mapped[int] = mapped_column(
         BigID, ForeignKey("usage_reports.id", ondelete="CASCADE"), primary_key=True)
     tenant_id: Mapped[str] = mapped_column(BytewiseText, primary_key=True)
+    #: The Stripe customer the row's usage went to (``""``: none yet), migration 0019.
+    stripe_customer_id: Mapped[str] = mapped_column(String(255), primary_key=True)
     meter: Mapped[str] = mapped_column(BytewiseText, primary_key=True)
     sent_events: Mapped[int] = mapped_column(BigInteger)
     sent_units: Mapped[int] = mapped_column(BigInteger)
@@ -88,10 +93,9 @@ class UsageReportRow(Base):
     resolved_units: Mapped[int] = mapped_column(BigInteger)
     #: Pending and retrying events: the page's "waiting" order and filter.
     waiting_events: Mapped[int] = mapped_column(BigInteger)
-    #: The tenant's name and Stripe customer at that moment: a report is one snapshot, its
-    #: filters read them without joining 100,000 tenants.
+    #: The tenant's name at that moment: a report is one snapshot, its filters read it
+    #: without joining 100,000 tenants.
     name: Mapped[str | None] = mapped_column(String(200))
-    stripe_customer_id: Mapped[str | None] = mapped_column(String(255))
 
 
 # A page of a report's rows, largest first, ties by tenant then meter: read in index order.

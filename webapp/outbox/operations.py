@@ -324,7 +324,8 @@ def record_cancelled(engine: Engine, answers: Mapping[int, CancelAnswer], *, act
     with engine.begin() as conn:
         mark = lock_sent_mark(conn)
         moved = conn.execute(
-            select(T.c.id, T.c.sent_at, T.c.occurred_at, T.c.tenant_id, T.c.meter, T.c.quantity)
+            select(T.c.id, T.c.sent_at, T.c.occurred_at, T.c.tenant_id, T.c.stripe_customer_id,
+                   T.c.meter, T.c.quantity)
             .where(id_in(conn, T.c.id, list(answered)), T.c.status == Status.SENT.value)).all()
         still_sent = {int(r.id) for r in moved}
         done = [i for i in answered if i in still_sent]

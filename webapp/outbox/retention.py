@@ -219,8 +219,8 @@ def _prune_batch(conn: Connection, status: str, cutoff: datetime,
         return 0, 0
     gone = conn.execute(
         delete(T).where(id_in(conn, T.c.id, ids), status_in((status,)))
-        .returning(T.c.id, T.c.tenant_id, T.c.meter, T.c.quantity, T.c.occurred_at,
-                   T.c.status)).all()
+        .returning(T.c.id, T.c.tenant_id, T.c.stripe_customer_id, T.c.meter, T.c.quantity,
+                   T.c.occurred_at, T.c.status)).all()
     if not gone:
         return 0, 0
     _count_pruned(conn, gone)
@@ -231,20 +231,21 @@ def _prune_batch(conn: Connection, status: str, cutoff: datetime,
 
 def _count_pruned(conn: Connection, rows: Sequence[Any]) -> None:
     """Add the removed rows' counts to the pruned-usage rollup and the running total."""
-    groups: dict[tuple[str, str, str, str], list[int]] = defaultdict(lambda: [0, 0])
+    groups: dict[tuple[str, str, str, str, str], list[int]] = defaultdict(lambda: [0, 0])
     for r in rows:
         day = (as_utc(r.occurred_at) or EPOCH).date().isoformat()
-        g = groups[(day, r.tenant_id, r.meter, r.status)]
+        g = groups[(day, r.tenant_id, r.stripe_customer_id or "", r.meter, r.status)]
         g[0] += 1
         g[1] += int(r.quantity)
     ins = insert_for(conn, PRUNED_ROLLUP)
     conn.execute(ins.on_conflict_do_update(
-        index_elements=[PRUNED_ROLLUP.c.day, PRUNED_ROLLUP.c.tenant_id, PRUNED_ROLLUP.c.meter,
+        index_elements=[PRUNED_ROLLUP.c.day, PRUNED_ROLLUP.c.tenant_id,
+                        PRUNED_ROLLUP.c.stripe_customer_id, PRUNED_ROLLUP.c.meter,
                         PRUNED_ROLLUP.c.status],
         set_={"events": PRUNED_ROLLUP.c.events + ins.excluded.events,
               "quantity": PRUNED_ROLLUP.c.quantity + ins.excluded.quantity}),
-        [{"day": d, "tenant_id": t, "meter": m, "status": s, "events": n, "quantity": q}
-         for (d, t, m, s), (n, q) in sorted(groups.items())])
+        [{"day": d, "tenant_id": t, "stripe_customer_id": c, "meter": m, "status": s,
+          "events": n, "quantity": q} for (d, t, c, m, s), (n, q) in sorted(groups.items())])
     conn.execute(insert_for(conn, ROLLUP_STATE).values(
         name=PRUNED, watermark=EPOCH, id_mark=0, events=0, quantity=0)
         .on_conflict_do_nothing(index_elements=[ROLLUP_STATE.c.name]))

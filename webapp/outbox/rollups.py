@@ -1,10 +1,10 @@
 """Rollups of final facts, so the dashboard never counts the sent rows on a poll.
 
-Sent events are folded into ``usage_sent_rollup`` (per UTC day of occurrence,
-tenant and meter) with a running total, and calls to Stripe into ``attempt_rollup`` (per
-outcome and latency bucket) for /metrics. An event that leaves ``sent`` (Stripe rejected it,
-a person cancelled it) is taken out again in the same transaction (:func:`unfold_sent`). A
-rollup's *mark* says what it holds: rows stamped
+Sent events are folded into ``usage_sent_rollup`` (per UTC day of occurrence, tenant, the
+Stripe customer the event went to, and meter) with a running total, and calls to Stripe into
+``attempt_rollup`` (per outcome and latency bucket) for /metrics. An event that leaves
+``sent`` (Stripe rejected it, a person cancelled it) is taken out again in the same
+transaction (:func:`unfold_sent`). A rollup's *mark* says what it holds: rows stamped
 (``sent_at``/``attempted_at``) before its watermark **and** with an id up to its id mark. A
 read adds the rollup to the rows outside it — stamped after the watermark, or written after
 the last fold (a back-fill of history is caught this way) — reading the mark in the same
@@ -148,14 +148,15 @@ def rebuild(engine: Engine, *, now: datetime, margin: timedelta) -> None:
                      .values(watermark=EPOCH, id_mark=0, events=0, quantity=0))
         # Pruned sent events have no rows left to fold: their counts come back from the
         # pruned-usage rollup (webapp.outbox.retention).
-        pruned = [(str(d), t, m, int(n), int(q)) for d, t, m, n, q in conn.execute(
-            select(PRUNED_ROLLUP.c.day, PRUNED_ROLLUP.c.tenant_id, PRUNED_ROLLUP.c.meter,
+        pruned = [(str(d), t, c, m, int(n), int(q)) for d, t, c, m, n, q in conn.execute(
+            select(PRUNED_ROLLUP.c.day, PRUNED_ROLLUP.c.tenant_id,
+                   PRUNED_ROLLUP.c.stripe_customer_id, PRUNED_ROLLUP.c.meter,
                    PRUNED_ROLLUP.c.events, PRUNED_ROLLUP.c.quantity)
             .where(PRUNED_ROLLUP.c.status == "sent"))]
         add_sent(conn, pruned)
         conn.execute(sa_update(ROLLUP_STATE).where(ROLLUP_STATE.c.name == SENT_USAGE)
-                     .values(events=sum(g[3] for g in pruned),
-                             quantity=sum(g[4] for g in pruned)))
+                     .values(events=sum(g[4] for g in pruned),
+                             quantity=sum(g[5] for g in pruned)))
     fold(engine, now=now, margin=margin)
 
 
@@ -178,31 +179,39 @@ def _fold_sent(conn: Connection, mark: Mark, high: datetime) -> None:
     running total always equals the rollup, whatever commits meanwhile."""
     last_id = int(conn.execute(select(func.coalesce(func.max(T.c.id), 0))).scalar_one())
     day = utc_day(T.c.occurred_at)
-    inner = select(day.label("day"), T.c.tenant_id, T.c.meter, T.c.quantity).where(
+    inner = select(day.label("day"), T.c.tenant_id, customer_key(T.c.stripe_customer_id),
+                   T.c.meter, T.c.quantity).where(
         live_sent(mark), T.c.sent_at < high, T.c.id <= last_id).subquery()
     groups = conn.execute(
-        select(inner.c.day, inner.c.tenant_id, inner.c.meter, func.count().label("events"),
-               int_sum(inner.c.quantity).label("quantity"))
-        .group_by(inner.c.day, inner.c.tenant_id, inner.c.meter)).all()
-    add_sent(conn, [(str(g.day), g.tenant_id, g.meter, int(g.events), int(g.quantity))
-                    for g in groups])
+        select(inner.c.day, inner.c.tenant_id, inner.c.customer, inner.c.meter,
+               func.count().label("events"), int_sum(inner.c.quantity).label("quantity"))
+        .group_by(inner.c.day, inner.c.tenant_id, inner.c.customer, inner.c.meter)).all()
+    add_sent(conn, [(str(g.day), g.tenant_id, g.customer, g.meter, int(g.events),
+                     int(g.quantity)) for g in groups])
     conn.execute(sa_update(ROLLUP_STATE).where(ROLLUP_STATE.c.name == SENT_USAGE).values(
         watermark=high, id_mark=last_id,
         events=ROLLUP_STATE.c.events + sum(int(g.events) for g in groups),
         quantity=ROLLUP_STATE.c.quantity + sum(int(g.quantity) for g in groups)))
 
 
-def add_sent(conn: Connection, groups: Sequence[tuple[str, str, str, int, int]]) -> None:
-    """Add (day, tenant, meter, events, units) to the daily sent rollup, its monthly and
-    yearly twins and the all-tenant day totals, in the caller's transaction; negative
-    numbers take away."""
+def customer_key(column: Any) -> Any:
+    """The rollups' customer key of an event: its Stripe customer, ``""`` where it has none."""
+    return func.coalesce(column, "").label("customer")
+
+
+def add_sent(conn: Connection,
+             groups: Sequence[tuple[str, str, str, str, int, int]]) -> None:
+    """Add (day, tenant, customer, meter, events, units) to the daily sent rollup, its
+    monthly and yearly twins and the all-tenant day totals, in the caller's transaction;
+    negative numbers take away."""
     if not groups:
         return
-    months: dict[tuple[str, str, str], list[int]] = {}
-    years: dict[tuple[str, str, str], list[int]] = {}
+    months: dict[tuple[str, str, str, str], list[int]] = {}
+    years: dict[tuple[str, str, str, str], list[int]] = {}
     days: dict[str, list[int]] = {}
-    for day, tenant, meter, events, quantity in groups:
-        for by, group in ((months, (day[:7], tenant, meter)), (years, (day[:4], tenant, meter))):
+    for day, tenant, customer, meter, events, quantity in groups:
+        for by, group in ((months, (day[:7], tenant, customer, meter)),
+                          (years, (day[:4], tenant, customer, meter))):
             counts = by.setdefault(group, [0, 0])
             counts[0] += events
             counts[1] += quantity
@@ -216,15 +225,18 @@ def add_sent(conn: Connection, groups: Sequence[tuple[str, str, str, int, int]])
               "quantity": SENT_DAY.c.quantity + ins.excluded.quantity}),
         [dict(day=k, events=v[0], quantity=v[1]) for k, v in sorted(days.items())])
     for table, key, rows in (
-            (SENT_ROLLUP, "day", [dict(day=d, tenant_id=t, meter=m, events=n, quantity=q)
-                                  for d, t, m, n, q in groups]),
-            (SENT_MONTHLY, "month", [dict(month=k[0], tenant_id=k[1], meter=k[2], events=v[0],
-                                          quantity=v[1]) for k, v in sorted(months.items())]),
-            (SENT_YEARLY, "year", [dict(year=k[0], tenant_id=k[1], meter=k[2], events=v[0],
-                                        quantity=v[1]) for k, v in sorted(years.items())])):
+            (SENT_ROLLUP, "day", [dict(day=d, tenant_id=t, stripe_customer_id=c, meter=m,
+                                       events=n, quantity=q) for d, t, c, m, n, q in groups]),
+            (SENT_MONTHLY, "month", [dict(month=k[0], tenant_id=k[1], stripe_customer_id=k[2],
+                                          meter=k[3], events=v[0], quantity=v[1])
+                                     for k, v in sorted(months.items())]),
+            (SENT_YEARLY, "year", [dict(year=k[0], tenant_id=k[1], stripe_customer_id=k[2],
+                                        meter=k[3], events=v[0], quantity=v[1])
+                                   for k, v in sorted(years.items())])):
         ins = insert_for(conn, table)
         conn.execute(ins.on_conflict_do_update(
-            index_elements=[table.c[key], table.c.tenant_id, table.c.meter],
+            index_elements=[table.c[key], table.c.tenant_id, table.c.stripe_customer_id,
+                            table.c.meter],
             set_={"events": table.c.events + ins.excluded.events,
                   "quantity": table.c.quantity + ins.excluded.quantity}), rows)
 
@@ -268,20 +280,22 @@ def lock_sent_mark(conn: Connection) -> Mark:
 def unfold_sent(conn: Connection, mark: Mark, rows: Sequence[Any]) -> int:
     """Take events that just left ``sent`` (rejected, cancelled) out of the rollup if it
     holds them, under the lock of :func:`lock_sent_mark`. ``rows`` carry ``id``, ``sent_at``,
-    ``occurred_at``, ``tenant_id``, ``meter``, ``quantity`` as they were while sent. Returns
-    how many were folded and taken out."""
+    ``occurred_at``, ``tenant_id``, ``stripe_customer_id``, ``meter``, ``quantity`` as they
+    were while sent. Returns how many were folded and taken out."""
     folded = [r for r in rows if (at := as_utc(r.sent_at)) is not None and at < mark.at
               and int(r.id) <= mark.id]
     if not folded:
         return 0
-    groups: dict[tuple[str, str, str], list[int]] = {}
+    groups: dict[tuple[str, str, str, str], list[int]] = {}
     for r in folded:
         day = (as_utc(r.occurred_at) or EPOCH).date().isoformat()
-        counts = groups.setdefault((day, r.tenant_id, r.meter), [0, 0])
+        counts = groups.setdefault((day, r.tenant_id, r.stripe_customer_id or "", r.meter),
+                                   [0, 0])
         counts[0] += 1
         counts[1] += int(r.quantity)
-    add_sent(conn, [(day, tenant, meter, -events, -quantity)
-                    for (day, tenant, meter), (events, quantity) in sorted(groups.items())])
+    add_sent(conn, [(day, tenant, customer, meter, -events, -quantity)
+                    for (day, tenant, customer, meter), (events, quantity)
+                    in sorted(groups.items())])
     conn.execute(sa_update(ROLLUP_STATE).where(ROLLUP_STATE.c.name == SENT_USAGE).values(
         events=ROLLUP_STATE.c.events - len(folded),
         quantity=ROLLUP_STATE.c.quantity - sum(int(r.quantity) for r in folded)))

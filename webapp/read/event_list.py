@@ -33,6 +33,7 @@ from ..outbox.sql import (
 )
 from ..outbox.states import ALL_STATUSES, DEAD_EXHAUSTED, DEAD_PAST_WINDOW, MAX_AGE
 from ..outbox.tracing import request_event_ids
+from .billed import billed_to, tenants_billed_to
 from .counts import NEAR_LIMIT, UNSENT_OPEN
 
 #: The most rows one page shows, and the default.
@@ -219,21 +220,26 @@ def _statuses(f: EventFilters) -> tuple[str, ...] | None:
     return tuple(s for s in ALL_STATUSES if s in allowed)
 
 
+def mapped_to(conn: Connection, customer: str) -> list[str]:
+    """The tenants mapped to ``customer`` now."""
+    return list(conn.execute(select(TENANTS.c.tenant_id).where(
+        TENANTS.c.stripe_customer_id == customer)).scalars())
+
+
 def _common(conn: Connection, f: EventFilters, now: datetime) -> list[Any]:
     """The conditions every piece shares."""
     where: list[Any] = []
     if f.tenant:
         where.append(T.c.tenant_id == f.tenant)
     if f.customer:
-        # The events of the tenants mapped to that customer: sent to it (the customer is
-        # fixed on an event at its first attempt), or to be (not attempted yet). By tenant,
-        # so the tenant index serves it.
-        # The tenants are read first: the planner then knows which, and takes the index.
-        tenants = list(conn.execute(select(TENANTS.c.tenant_id).where(
-            TENANTS.c.stripe_customer_id == f.customer)).scalars())
+        # The events whose usage went (or will go) to that customer: through the tenants it
+        # bills (read first: the planner then knows which, and takes the tenant index).
+        tenants = tenants_billed_to(conn, f.customer)
+        mapped = mapped_to(conn, f.customer)
         where += [T.c.tenant_id == tenants[0] if len(tenants) == 1 else
                   text_in(conn, T.c.tenant_id, tenants) if tenants else false(),
-                  (T.c.stripe_customer_id == f.customer) | T.c.stripe_customer_id.is_(None)]
+                  billed_to(f.customer, text_in(conn, T.c.tenant_id, mapped) if mapped
+                            else false())]
     if f.meter:
         where.append(T.c.meter == f.meter)
     if f.created_from:

@@ -24,6 +24,7 @@ from sqlalchemy import ColumnElement, Connection, Engine, Select, and_, select
 from ..db import reading
 from ..outbox.sql import ATTEMPTS, TENANTS, T, ascii_icontains, row_dict
 from ..outbox.states import identifier_of
+from .billed import tenants_billed_to
 from .numbers import MAX_ID, ascii_int
 
 #: Rows shown per kind; the page says when there are more.
@@ -107,6 +108,12 @@ def _tenants(conn: Connection, q: str, out: Group) -> None:
     if q.startswith("cus_"):
         _fill(out, _rows(conn, select(*_TENANT_COLS).where(TENANTS.c.stripe_customer_id == q)
                          .order_by(TENANTS.c.tenant_id)), "tenant_id", "billed to this customer")
+        # Tenants mapped elsewhere since, whose earlier usage went to this customer.
+        earlier = tenants_billed_to(conn, q)[:GROUP_LIMIT + 1]
+        if earlier:
+            _fill(out, _rows(conn, select(*_TENANT_COLS).where(TENANTS.c.tenant_id.in_(earlier))
+                             .order_by(TENANTS.c.tenant_id)), "tenant_id",
+                  "its usage went to this customer")
     _fill(out, _rows(conn, select(*_TENANT_COLS).where(prefix_range(TENANTS.c.tenant_id, q))
                      .order_by(TENANTS.c.tenant_id)), "tenant_id", "tenant id starts with it")
     if not _STRIPE_ID.fullmatch(q):  # Stripe's ids are not in names: spare the scan

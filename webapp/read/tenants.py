@@ -88,12 +88,13 @@ def usage_in(conn: Connection, *, start: date, end: date,
 def usage_select(conn: Connection, per: Any,
                  statuses: tuple[str, ...] = USAGE_STATUSES) -> Select[Any]:
     """The columns :func:`usage_rows` reads, in its order, from rows ``per`` of
-    :func:`~webapp.read.usage_sources.per_row` (or a stored report's), by tenant then
-    meter."""
+    :func:`~webapp.read.usage_sources.per_row` (or a stored report's), by tenant, meter,
+    then customer (none first)."""
     return (select(per.c.tenant_id, per.c.meter, per.c.name, per.c.stripe_customer_id,
                    *[per.c[f"{s}_events"] for s in statuses],
                    *[per.c[f"{s}_units"] for s in statuses])
-            .order_by(bytewise(conn, per.c.tenant_id), bytewise(conn, per.c.meter)))
+            .order_by(bytewise(conn, per.c.tenant_id), bytewise(conn, per.c.meter),
+                      func.coalesce(per.c.stripe_customer_id, "")))
 
 
 def usage_rows(rows: Iterable[Sequence[Any]],

@@ -20,10 +20,11 @@ exact at the moment they run.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from typing import Any, cast
 
@@ -88,6 +89,8 @@ class Report:
     seconds: float
     prepared_by: str
     totals: dict[str, int]
+    #: The totals per meter (figure column -> sum, by meter).
+    meter_totals: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 def from_report(start: date, end: date, tenant_id: str | None = None) -> bool:
@@ -152,10 +155,12 @@ def keep_quick_periods(engine: Engine, *, now: datetime) -> list[Report]:
 
 
 def _report(row: Any) -> Report:
+    by_meter = json.loads(row.meter_totals) if row.meter_totals else {}
     return Report(int(row.id), date.fromisoformat(row.period_start),
                   date.fromisoformat(row.period_end), row.as_of, int(row.rows),
                   float(row.seconds), row.prepared_by,
-                  {c: int(row._mapping[f"total_{c}"]) for c in FIGURES})
+                  {c: int(row._mapping[f"total_{c}"]) for c in FIGURES},
+                  {str(m): {c: int(v.get(c, 0)) for c in FIGURES} for m, v in by_meter.items()})
 
 
 def newest(conn: Connection, start: date, end: date) -> Report | None:
@@ -172,12 +177,17 @@ def report_by_id(conn: Connection, report_id: int) -> Report | None:
 
 
 def rows_of(report_id: int) -> Any:
-    """A report's rows as :func:`~usage_sources.per_row` gives them: tenant, meter, a units
-    and an events column per status, and the tenant's name and customer when it was
-    prepared."""
+    """A report's rows as :func:`~usage_sources.per_row` gives them: tenant, meter, the
+    customer the usage went to, a units and an events column per status, and the tenant's
+    name when it was prepared."""
     r = REPORT_ROWS
-    return select(r.c.tenant_id, r.c.meter, *[r.c[c] for c in FIGURES], r.c.name,
-                  r.c.stripe_customer_id).where(r.c.report_id == report_id)
+    return select(r.c.tenant_id, r.c.meter, customer_of(r), *[r.c[c] for c in FIGURES],
+                  r.c.name).where(r.c.report_id == report_id)
+
+
+def customer_of(rows: Any) -> Any:
+    """A report row's customer as the live rows give it (None, not ``""``, for none)."""
+    return func.nullif(rows.c.stripe_customer_id, "").label("stripe_customer_id")
 
 
 def prepare(engine: Engine, start: date, end: date, *, now: datetime, actor: str) -> Report:
@@ -236,20 +246,24 @@ def _store_rows(conn: Connection, report_id: int, start: date, end: date) -> int
     """Sum the period into the report's rows; return how many."""
     many_rows(conn)
     per = per_row(conn, start, end).subquery()
-    columns = ["report_id", "tenant_id", "meter", *FIGURES, "waiting_events", "name",
-               "stripe_customer_id"]
+    columns = ["report_id", "tenant_id", "stripe_customer_id", "meter", *FIGURES,
+               "waiting_events", "name"]
     source = select(literal(report_id).label("report_id"),
                     as_stored(conn, per.c.tenant_id).label("tenant_id"),
+                    func.coalesce(per.c.stripe_customer_id, "").label("stripe_customer_id"),
                     as_stored(conn, per.c.meter).label("meter"), *[per.c[c] for c in FIGURES],
                     (per.c.pending_events + per.c.retrying_events).label("waiting_events"),
-                    per.c.name, per.c.stripe_customer_id)
+                    per.c.name)
     conn.execute(insert(REPORT_ROWS).from_select(columns, source))
     mine = REPORT_ROWS.c.report_id == report_id
-    got = conn.execute(select(func.count().label("n"), *[
-        int_sum(REPORT_ROWS.c[c]).label(f"total_{c}") for c in FIGURES]).where(mine)).one()
+    got = conn.execute(select(REPORT_ROWS.c.meter, func.count().label("n"), *[
+        int_sum(REPORT_ROWS.c[c]).label(c) for c in FIGURES]).where(mine)
+        .group_by(REPORT_ROWS.c.meter)).all()
+    by_meter = {str(g.meter): {c: int(g._mapping[c]) for c in FIGURES} for g in got}
     conn.execute(REPORTS.update().where(REPORTS.c.id == report_id).values(
-        {f"total_{c}": got._mapping[f"total_{c}"] for c in FIGURES}))
-    return int(got.n)
+        meter_totals=json.dumps(by_meter),
+        **{f"total_{c}": sum(m[c] for m in by_meter.values()) for c in FIGURES}))
+    return sum(int(g.n) for g in got)
 
 
 __all__ = ["KEEP", "LIVE_DAYS", "REFRESH", "REUSE", "SCHEDULE", "STANDING_AGE", "Report",

@@ -27,7 +27,7 @@ from sqlalchemy import (
 from sqlalchemy import cast as sql_cast
 
 from ..outbox.retention import PRUNABLE
-from ..outbox.rollups import SENT_USAGE, live_sent, read_mark
+from ..outbox.rollups import SENT_USAGE, customer_key, live_sent, read_mark
 from ..outbox.sql import (
     IDLE_UNSENT,
     IN_FLIGHT,
@@ -60,14 +60,16 @@ def period_bounds(start: date, end: date) -> tuple[datetime, datetime]:
 def usage_pieces(conn: Connection, start: date, end: date, tenant_id: str | None = None, *,
                  in_flight_apart: bool = False) -> tuple[list[Any], list[Any]]:
     """Every source of the period's usage, the way :func:`per_row` sums them, as rows to be
-    summed per tenant and meter: sent (``(tenant_id, meter, events, quantity)`` selects: the
-    sent rollups' rows as :func:`sent_plan` adds and takes them (taken away: negative), plus
-    the rows past the rollup's mark, each counting one), and the other statuses
-    (``(tenant_id, meter, status, events, quantity)``: the rows through
-    ``ix_outbox_unsent``, events in flight as pending (as ``processing`` with
+    summed per tenant, Stripe customer and meter: sent (``(tenant_id, customer, meter,
+    events, quantity)`` selects: the sent rollups' rows as :func:`sent_plan` adds and takes
+    them (taken away: negative), plus the rows past the rollup's mark, each counting one),
+    and the other statuses (``(tenant_id, customer, meter, status, events, quantity)``: the
+    rows through ``ix_outbox_unsent``, events in flight as pending (as ``processing`` with
     ``in_flight_apart``), pruned resolved and cancelled events from the pruned-usage
-    rollup). Nothing is grouped here: one sum over them all is cheaper than a sum per
-    source and a sum of those."""
+    rollup). The customer is the one fixed on each event at its first attempt (the one its
+    usage went to); for an event never attempted, the one its tenant is mapped to now (where
+    it will go); ``""`` when there is none. Nothing is grouped here: one sum over them all is
+    cheaper than a sum per source and a sum of those."""
     lo, hi = period_bounds(start, end)
     span = [T.c.occurred_at >= lo, T.c.occurred_at < hi]
     if tenant_id is not None:
@@ -82,23 +84,29 @@ def usage_pieces(conn: Connection, start: date, end: date, tenant_id: str | None
         where = [column.in_(keys)]
         if tenant_id is not None:
             where.append(table.c.tenant_id == tenant_id)
-        sent.append(select(table.c.tenant_id, table.c.meter,
-                           (events if sign > 0 else -events).label("events"),
+        sent.append(select(table.c.tenant_id, table.c.stripe_customer_id.label("customer"),
+                           table.c.meter, (events if sign > 0 else -events).label("events"),
                            (quantity if sign > 0 else -quantity).label("quantity"))
                     .where(*where))
-    sent.append(select(T.c.tenant_id, T.c.meter, one, T.c.quantity)
-                .where(live_sent(mark), *span))
+    sent.append(select(T.c.tenant_id, customer_key(T.c.stripe_customer_id), T.c.meter, one,
+                       T.c.quantity).where(live_sent(mark), *span))
+    # Where an event not yet attempted will go: its tenant's customer now.
+    mapped_now = (select(TENANTS.c.stripe_customer_id)
+                  .where(TENANTS.c.tenant_id == T.c.tenant_id).scalar_subquery())
+    will_go = func.coalesce(T.c.stripe_customer_id, mapped_now, "").label("customer")
     other = [
-        select(T.c.tenant_id, T.c.meter, T.c.status, one, T.c.quantity)
+        select(T.c.tenant_id, will_go, T.c.meter, T.c.status, one, T.c.quantity)
         .where(unsent, IDLE_UNSENT, *span),
-        select(T.c.tenant_id, T.c.meter,
+        select(T.c.tenant_id, customer_key(T.c.stripe_customer_id), T.c.meter,
                sql_str("processing" if in_flight_apart else "pending").label("status"), one,
                T.c.quantity)
         .where(IN_FLIGHT, *span),
     ]
     # Resolved and cancelled events past retention, from the pruned-usage rollup (pruned
     # sent events stay in the sent rollups, read above).
-    pruned = (select(PRUNED_ROLLUP.c.tenant_id, PRUNED_ROLLUP.c.meter, PRUNED_ROLLUP.c.status,
+    pruned = (select(PRUNED_ROLLUP.c.tenant_id,
+                     PRUNED_ROLLUP.c.stripe_customer_id.label("customer"),
+                     PRUNED_ROLLUP.c.meter, PRUNED_ROLLUP.c.status,
                      PRUNED_ROLLUP.c.events, PRUNED_ROLLUP.c.quantity)
               .where(PRUNED_ROLLUP.c.day >= start.isoformat(),
                      PRUNED_ROLLUP.c.day <= end.isoformat(),
@@ -211,14 +219,16 @@ def _next_month(d: date) -> date:
 
 def per_row(conn: Connection, start: date, end: date, tenant_id: str | None = None, *,
             names: bool = True, in_flight_apart: bool = False) -> Any:
-    """The period's usage, one row per tenant × meter, a column per status and figure
-    (``<status>_events``, ``<status>_units``; ``processing_…`` too with ``in_flight_apart``),
-    with the tenant's name and customer (unless not ``names``). A tenant and meter with
-    nothing in the period has no row.
+    """The period's usage, one row per tenant × Stripe customer × meter (the customer its
+    events went to: a tenant remapped within the period has a row per customer), a column
+    per status and figure (``<status>_events``, ``<status>_units``; ``processing_…`` too
+    with ``in_flight_apart``), ``stripe_customer_id`` (None where there is none), and the
+    tenant's name (unless not ``names``). A tenant and meter with nothing in the period has
+    no row.
 
     Sent usage (the rollups: the bulk) is summed with two sums; the other statuses (a few
     rows) are spread into their columns apart; the two are joined (a left join, plus the
-    tenants with no sent usage: no FULL JOIN, which SQLite before 3.39 lacks)."""
+    rows with no sent usage: no FULL JOIN, which SQLite before 3.39 lacks)."""
     sent_pieces, other_pieces = usage_pieces(conn, start, end, tenant_id,
                                              in_flight_apart=in_flight_apart)
     s_all = union_all(*sent_pieces).subquery()
@@ -226,21 +236,24 @@ def per_row(conn: Connection, start: date, end: date, tenant_id: str | None = No
     # Grouped, joined and sorted byte by byte: PostgreSQL compares text under the locale
     # otherwise, which made each sort and merge of 200,000 keys several times slower.
     tenant, meter = bytewise(conn, s_all.c.tenant_id), bytewise(conn, s_all.c.meter)
-    sent = (select(tenant.label("tenant_id"), meter.label("meter"),
+    customer = bytewise(conn, s_all.c.customer)
+    sent = (select(tenant.label("tenant_id"), customer.label("customer"), meter.label("meter"),
                    events.label("sent_events"), units.label("sent_units"))
-            .group_by(tenant, meter)
+            .group_by(tenant, customer, meter)
             # a year's row less its months outside the period leaves zeros for the tenants
             # that had usage only outside it
             .having(or_(events != 0, units != 0)).cte("sent_usage"))
     o_all = union_all(*other_pieces).subquery()
-    # Summed per tenant, meter and status first (two sums a row), then spread into a column
-    # per status (fourteen sums a row, over one row per status held): at 300,000 unsent
-    # rows, spreading every row took three times as long.
+    # Summed per tenant, customer, meter and status first (two sums a row), then spread into
+    # a column per status (fourteen sums a row, over one row per status held): at 300,000
+    # unsent rows, spreading every row took three times as long.
     tenant, meter = bytewise(conn, o_all.c.tenant_id), bytewise(conn, o_all.c.meter)
-    by_status = (select(tenant.label("tenant_id"), meter.label("meter"), o_all.c.status,
+    customer = bytewise(conn, o_all.c.customer)
+    by_status = (select(tenant.label("tenant_id"), customer.label("customer"),
+                        meter.label("meter"), o_all.c.status,
                         int_sum(o_all.c.events).label("events"),
                         int_sum(o_all.c.quantity).label("quantity"))
-                 .group_by(tenant, meter, o_all.c.status).subquery())
+                 .group_by(tenant, customer, meter, o_all.c.status).subquery())
     unsent = [s for s in USAGE_STATUSES if s != "sent"] + (
         ["processing"] if in_flight_apart else [])
     spread = []
@@ -249,23 +262,29 @@ def per_row(conn: Connection, start: date, end: date, tenant_id: str | None = No
         spread += [int_sum(case((mine, by_status.c.events), else_=0)).label(f"{st}_events"),
                    int_sum(case((mine, by_status.c.quantity), else_=0)).label(f"{st}_units")]
     tenant, meter = bytewise(conn, by_status.c.tenant_id), bytewise(conn, by_status.c.meter)
-    other = (select(tenant.label("tenant_id"), meter.label("meter"), *spread)
-             .group_by(tenant, meter).cte("other_usage"))
-    same = and_(other.c.tenant_id == sent.c.tenant_id, other.c.meter == sent.c.meter)
+    customer = bytewise(conn, by_status.c.customer)
+    other = (select(tenant.label("tenant_id"), customer.label("customer"),
+                    meter.label("meter"), *spread)
+             .group_by(tenant, customer, meter).cte("other_usage"))
+    same = and_(other.c.tenant_id == sent.c.tenant_id, other.c.customer == sent.c.customer,
+                other.c.meter == sent.c.meter)
     zero = sql_cast(literal_column("0"), BigInteger)
     with_sent = select(
-        sent.c.tenant_id, sent.c.meter, sent.c.sent_events, sent.c.sent_units,
+        sent.c.tenant_id, sent.c.meter, sent.c.customer, sent.c.sent_events, sent.c.sent_units,
         *[func.coalesce(other.c[f"{st}_{w}"], zero).label(f"{st}_{w}")
           for st in unsent for w in ("events", "units")]
     ).select_from(sent.outerjoin(other, same))
     only_other = select(
-        other.c.tenant_id, other.c.meter, zero.label("sent_events"), zero.label("sent_units"),
+        other.c.tenant_id, other.c.meter, other.c.customer, zero.label("sent_events"),
+        zero.label("sent_units"),
         *[other.c[f"{st}_{w}"] for st in unsent for w in ("events", "units")]
     ).where(~select(sent.c.tenant_id).where(same).exists())
-    if not names:
-        return union_all(with_sent, only_other)
     rows = union_all(with_sent, only_other).subquery()
-    return (select(rows, TENANTS.c.name, TENANTS.c.stripe_customer_id)
+    figures = [rows.c[f"{st}_{w}"] for st in ("sent", *unsent) for w in ("events", "units")]
+    customer_id = func.nullif(rows.c.customer, "").label("stripe_customer_id")
+    if not names:
+        return select(rows.c.tenant_id, rows.c.meter, customer_id, *figures)
+    return (select(rows.c.tenant_id, rows.c.meter, customer_id, *figures, TENANTS.c.name)
             .select_from(rows.outerjoin(TENANTS, TENANTS.c.tenant_id == as_stored(
                 conn, rows.c.tenant_id))))
 

@@ -20,6 +20,7 @@ from sqlalchemy import (
     ColumnElement,
     Connection,
     Engine,
+    String,
     func,
     literal,
     null,
@@ -39,7 +40,7 @@ from .counts import Freshness, UnmappedTenant, rollup_freshness
 from .mappings import waiting_for_customer
 from .search import prefix_range
 from .tenants import UsageRow, usage_rows, usage_select
-from .usage_reports import REPORT_ROWS, Report, rows_of, shown_report
+from .usage_reports import REPORT_ROWS, Report, customer_of, rows_of, shown_report
 from .usage_sources import (
     USAGE_STATUSES,
     as_stored,
@@ -76,15 +77,16 @@ class UsageQuery:
 
 @dataclass(frozen=True)
 class UsageTable:
-    """One page of rows, how many rows match, and the totals: of the whole period (every
-    tenant) and of the rows that match the filter."""
+    """One page of rows, how many rows match, and the totals per meter (units of different
+    meters are never added together): of the whole period (every tenant) and of the rows
+    that match the filter."""
 
     query: UsageQuery
     rows: list[UsageRow]
-    period_rows: int          # tenant × meter rows in the period
+    period_rows: int          # tenant × customer × meter rows in the period
     matching: int             # of those, the rows that match the filter
-    period_total: UsageRow
-    matching_total: UsageRow
+    period_totals: dict[str, UsageRow]
+    matching_totals: dict[str, UsageRow]
 
     @property
     def pages(self) -> int:
@@ -103,9 +105,10 @@ def _sort_key(u: Any, sort: str, conn: Connection) -> ColumnElement[Any]:
     return u.c[sort]  # type: ignore[no-any-return]
 
 
-def _filter(u: Any, query: UsageQuery, waiting: Any = None) -> list[ColumnElement[bool]]:
+def _filter(u: Any, query: UsageQuery, waiting: Any = None, *,
+            stored: bool = False) -> list[ColumnElement[bool]]:
     """``query``'s filter over the rows ``u`` (``waiting``: their waiting events, when a
-    column holds them)."""
+    column holds them; ``stored``: a report's rows, whose "no customer" is ``""``)."""
     where: list[ColumnElement[bool]] = []
     if query.text:
         where.append(or_(prefix_range(u.c.tenant_id, query.text),
@@ -117,19 +120,25 @@ def _filter(u: Any, query: UsageQuery, waiting: Any = None) -> list[ColumnElemen
         where.append((u.c.pending_events + u.c.retrying_events if waiting is None
                       else waiting) > 0)
     elif query.only == "unmapped":
-        where.append(u.c.stripe_customer_id.is_(None))
+        where.append(u.c.stripe_customer_id == "" if stored
+                     else u.c.stripe_customer_id.is_(None))
     return where
 
 
 def _row(m: Any) -> UsageRow:
-    """A row of the page's statement as a ``UsageRow`` (a totals row: no tenant, meter or
-    name)."""
+    """A row of the page's statement as a ``UsageRow`` (a meter's totals row: no tenant,
+    customer or name)."""
     r = (UsageRow(m["tenant_id"], m["meter"], m["name"], m["stripe_customer_id"])
-         if m["tenant_id"] is not None else UsageRow("", ""))
+         if m["tenant_id"] is not None else UsageRow("", m["meter"] or ""))
     for s in USAGE_STATUSES:
         r.events[s] = int(m[f"{s}_events"] or 0)
         r.quantity[s] = int(m[f"{s}_units"] or 0)
     return r
+
+
+def _by_meter(rows: Any) -> dict[str, UsageRow]:
+    """Totals rows (one per meter) by meter, in the meters' order."""
+    return {t.meter: t for t in sorted((_row(m) for m in rows), key=lambda t: t.meter)}
 
 
 @dataclass(frozen=True)
@@ -162,82 +171,94 @@ def tenants_page(engine: Engine, query: UsageQuery, *, now: datetime,
 
 
 def usage_table(conn: Connection, query: UsageQuery) -> UsageTable:
-    """One page of the period's usage, sorted and filtered by ``query``, with the totals of
-    the whole period and of the matching rows, in one statement: the rows per tenant and
-    meter are computed once (a materialised CTE), then read three times (the page, the
-    period's totals, the matching rows' totals). Raises ``ValueError`` for a period that
-    ends before it starts, an unknown sort or filter."""
+    """One page of the period's usage, sorted and filtered by ``query``, with the totals per
+    meter of the whole period and of the matching rows, in one statement: the rows per
+    tenant, customer and meter are computed once (a materialised CTE), then read three times
+    (the page, the period's totals, the matching rows' totals). Raises ``ValueError`` for a
+    period that ends before it starts, an unknown sort or filter."""
     if query.sort not in SORTS or (query.only and query.only not in ONLY):
         raise ValueError("unknown sort or filter")
-    # Names and customers are joined to the page's rows only, unless the filter needs them
-    # for every row (at 100,000 tenants the join of every row cost a third of the page).
-    names = bool(query.text) or query.only == "unmapped"
+    # Names are joined to the page's rows only, unless the filter needs them for every row
+    # (at 100,000 tenants the join of every row cost a third of the page).
+    names = bool(query.text)
     per = per_row(conn, query.start, query.end, names=names).cte("usage_rows")
     key = _sort_key(per, query.sort, conn)
     where = _filter(per, query)
     figures = [per.c[c] for c in _columns()]
     sums = [int_sum(per.c[c]).label(c) for c in _columns()]
-    none = [null().label(c) for c in ("sort_key", "tenant_id", "meter", "name",
-                                       "stripe_customer_id")]
+    none = [null().label(c) for c in ("sort_key", "tenant_id")]
     order = [key.desc() if query.descending else key.asc()]
     if query.sort != "tenant":
         order.append(bytewise(conn, per.c.tenant_id).asc())
-    order.append(bytewise(conn, per.c.meter).asc())
-    named = [per.c.name, per.c.stripe_customer_id] if names else []
+    # Rows without a customer before the others, as a report's ("" for none) sort.
+    order += [bytewise(conn, per.c.meter).asc(),
+              func.coalesce(per.c.stripe_customer_id, "").asc()]
+    name = per.c.name if names else sql_cast(null(), String).label("name")
     page = (select(literal(2).label("part"), key.label("sort_key"), per.c.tenant_id,
-                   per.c.meter, *named, sql_cast(null(), BigInteger).label("n"), *figures)
+                   per.c.meter, per.c.stripe_customer_id, name,
+                   sql_cast(null(), BigInteger).label("n"), *figures)
             .where(*where).order_by(*order).limit(query.per_page)
             .offset((query.page - 1) * query.per_page).subquery())
     if not names:
         page = (select(page.c.part, page.c.sort_key, page.c.tenant_id, page.c.meter,
-                       TENANTS.c.name, TENANTS.c.stripe_customer_id, page.c.n,
+                       page.c.stripe_customer_id, TENANTS.c.name, page.c.n,
                        *[page.c[c] for c in _columns()])
                 .select_from(page.outerjoin(TENANTS, TENANTS.c.tenant_id == as_stored(
                     conn, page.c.tenant_id)))
                 .subquery())
     # The page first: its columns' types are the union's (PostgreSQL types the NULLs of the
-    # totals' rows from it).
+    # totals' rows from it). The totals: a row per meter.
+    blank = [null().label(c) for c in ("stripe_customer_id", "name")]
     parts = union_all(
         select(page),
-        select(literal(0).label("part"), *none, func.count().label("n"), *sums),
-        select(literal(1).label("part"), *none, func.count().label("n"), *sums).where(*where),
+        select(literal(0).label("part"), *none, per.c.meter, *blank, func.count().label("n"),
+               *sums).group_by(per.c.meter),
+        select(literal(1).label("part"), *none, per.c.meter, *blank, func.count().label("n"),
+               *sums).where(*where).group_by(per.c.meter),
     ).subquery()
     last = bytewise(conn, parts.c.sort_key) if query.sort == "tenant" else parts.c.sort_key
     got = conn.execute(select(parts).order_by(
         parts.c.part, last.desc() if query.descending else last.asc(),
-        bytewise(conn, parts.c.tenant_id), bytewise(conn, parts.c.meter))).mappings().all()
-    everything, matching, rows = got[0], got[1], got[2:]
-    return UsageTable(query, [_row(m) for m in rows], int(everything["n"]), int(matching["n"]),
-                      _row(everything), _row(matching))
+        bytewise(conn, parts.c.tenant_id), bytewise(conn, parts.c.meter),
+        func.coalesce(parts.c.stripe_customer_id, ""))).mappings().all()
+    everything = [m for m in got if m["part"] == 0]
+    matching = [m for m in got if m["part"] == 1]
+    rows = [m for m in got if m["part"] == 2]
+    return UsageTable(query, [_row(m) for m in rows], sum(int(m["n"]) for m in everything),
+                      sum(int(m["n"]) for m in matching), _by_meter(everything),
+                      _by_meter(matching))
 
 
 def report_table(conn: Connection, query: UsageQuery, report: Report) -> UsageTable:
     """:func:`usage_table` of a prepared report: the same page, order, filter and totals,
-    read from its stored rows (names and customers as they were when it was prepared). The
-    page is read in the order of an index (by tenant, or a figure largest first: the
-    defaults), so it reads 50 rows, not 200,000; the period's totals are the report's own;
-    only a filter sums the rows it matches."""
+    read from its stored rows (names as they were when it was prepared). The page is read in
+    the order of an index (by tenant, or a figure largest first: the defaults), so it reads
+    50 rows, not 200,000; the period's totals are the report's own; only a filter sums the
+    rows it matches."""
     if query.sort not in SORTS or (query.only and query.only not in ONLY):
         raise ValueError("unknown sort or filter")
     r = REPORT_ROWS
-    where = [r.c.report_id == report.id, *_filter(r, query, r.c.waiting_events)]
+    where = [r.c.report_id == report.id, *_filter(r, query, r.c.waiting_events, stored=True)]
     key = r.c.tenant_id if query.sort == "tenant" else r.c[query.sort]
     order = [key.desc() if query.descending else key.asc()]
     if query.sort != "tenant":
         order.append(r.c.tenant_id.asc())
-    order.append(r.c.meter.asc())
+    order += [r.c.meter.asc(), r.c.stripe_customer_id.asc()]
     page = conn.execute(
-        select(r.c.tenant_id, r.c.meter, r.c.name, r.c.stripe_customer_id,
+        select(r.c.tenant_id, r.c.meter, r.c.name, customer_of(r),
                *[r.c[c] for c in _columns()]).where(*where).order_by(*order)
         .limit(query.per_page).offset((query.page - 1) * query.per_page)).mappings().all()
-    everything = _row({"tenant_id": None, **{c: report.totals[c] for c in _columns()}})
+    everything = {m: _row({"tenant_id": None, "meter": m, **t})
+                  for m, t in sorted(report.meter_totals.items())}
     if not query.filtered():
         return UsageTable(query, [_row(m) for m in page], report.rows, report.rows, everything,
                           everything)
-    got = conn.execute(select(func.count().label("n"), *[
-        int_sum(r.c[c]).label(c) for c in _columns()]).where(*where)).mappings().one()
-    return UsageTable(query, [_row(m) for m in page], report.rows, int(got["n"]), everything,
-                      _row({"tenant_id": None, **got}))
+    got = conn.execute(select(r.c.meter, func.count().label("n"), *[
+        int_sum(r.c[c]).label(c) for c in _columns()]).where(*where)
+        .group_by(r.c.meter)).mappings().all()
+    matching = _by_meter([{"tenant_id": None, **m} for m in got])
+    return UsageTable(query, [_row(m) for m in page], report.rows,
+                      sum(int(m["n"]) for m in got), everything, matching)
 
 
 def usage_rows_streamed(engine: Engine, *, start: date, end: date,

@@ -135,12 +135,17 @@ def event_url(event_id: int) -> str:
 USAGE_LIST_STATUSES = {"pending": ("pending", "processing")}
 
 
-def usage_events_url(tenant_id: str, meter: str, status: str, start: str, end: str) -> str:
-    """The events list of exactly the events a usage figure counts: that tenant, meter and
-    status, occurred on the UTC days ``start`` to ``end``."""
-    query = urlencode({"tenant": tenant_id, "meter": meter,
-                       "status": list(USAGE_LIST_STATUSES.get(status, (status,))),
-                       "occurred_from": start, "occurred_to": end}, doseq=True)
+def usage_events_url(tenant_id: str, meter: str, status: str, start: str, end: str,
+                     customer: str | None = None) -> str:
+    """The events list of exactly the events a usage figure counts: that tenant, Stripe
+    customer (the one each event went to, or will go to), meter and status, occurred on the
+    UTC days ``start`` to ``end``."""
+    params = {"tenant": tenant_id, "meter": meter,
+              "status": list(USAGE_LIST_STATUSES.get(status, (status,))),
+              "occurred_from": start, "occurred_to": end}
+    if customer:
+        params["customer"] = customer
+    query = urlencode(params, doseq=True)
     return _prefix("events.show", event_id=1).rstrip("/") + "?" + query
 #: Stripe's dashboard; test-mode objects live under ``/test/``.
 STRIPE_DASHBOARD = "https://dashboard.stripe.com/"
@@ -173,19 +178,21 @@ def usage_rows(rows: Iterable[Any], statuses: tuple[str, ...], **params: Any) ->
     out = []
     for r in rows:
         t, m = escape(r.tenant_id), escape(r.meter)
+        c = escape(r.stripe_customer_id or "")
         name = f'<span class="sub muted"> {escape(r.name)}</span>' if r.name else ""
-        customer = (f"<code>{escape(r.stripe_customer_id)}</code> "
+        customer = (f"<code>{c}</code> "
                     f"{stripe_link('customer', r.stripe_customer_id)}" if r.stripe_customer_id
                     else '<span class="badge badge-warn">not mapped</span>')
         cells = []
         for s in statuses:
             q, n = int(r.quantity[s]), int(r.events[s])
-            shown = (f'<a href="{escape(usage_events_url(r.tenant_id, r.meter, s, start, end))}"'
+            url = usage_events_url(r.tenant_id, r.meter, s, start, end, r.stripe_customer_id)
+            shown = (f'<a href="{escape(url)}"'
                      f' aria-label="{n:,} {s} events of {t}, {m}">{n:,}</a>' if n else f"{n:,}")
             cells.append(f'<td class="num{" zero" if not q else ""}" data-col="{s}_quantity">'
                          f'{q:,}</td><td class="num sub{" zero" if not n else ""}" '
                          f'data-col="{s}_events">{shown}</td>')
-        out.append(f'<tr data-tenant="{t}" data-meter="{m}"><td><a href="'
+        out.append(f'<tr data-tenant="{t}" data-meter="{m}" data-customer="{c}"><td><a href="'
                    f'{escape(base)}{escape(quote(r.tenant_id, safe=""))}{query}">{t}</a>'
                    f'{name}</td><td>{customer}</td><td>{m}</td>{"".join(cells)}</tr>\n')
     return Markup("".join(out))  # noqa: S704 - every database string above is escaped

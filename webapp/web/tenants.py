@@ -206,19 +206,22 @@ def _report_for(start: date, end: date, report_id: int | None) -> reports.Report
 
 
 def _csv_rows(rows: Iterator[reads.UsageRow]) -> Iterator[list[Any]]:
-    """Each row's cells, then the totals row (summed as the rows go by)."""
-    totals = reads.UsageRow("", "")
+    """Each row's cells, then a totals row per meter (summed as the rows go by: units of
+    different meters are never added together)."""
+    totals: dict[str, reads.UsageRow] = {}
     for r in rows:
         cells: list[Any] = [r.tenant_id, r.name, r.stripe_customer_id, r.meter]
+        total = totals.setdefault(r.meter, reads.UsageRow("", r.meter))
         for status in reads.USAGE_STATUSES:
             cells += [r.quantity[status], r.events[status]]
-            totals.quantity[status] += r.quantity[status]
-            totals.events[status] += r.events[status]
+            total.quantity[status] += r.quantity[status]
+            total.events[status] += r.events[status]
         yield cells
-    last: list[Any] = ["Total", "", "", ""]
-    for status in reads.USAGE_STATUSES:
-        last += [totals.quantity[status], totals.events[status]]
-    yield last
+    for meter, total in sorted(totals.items()):
+        last: list[Any] = ["Total", "", "", meter]
+        for status in reads.USAGE_STATUSES:
+            last += [total.quantity[status], total.events[status]]
+        yield last
 
 
 @bp.get("/tenants/<tenant:tenant_id>")
