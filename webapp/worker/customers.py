@@ -16,7 +16,7 @@ from ..config import Settings
 from ..db import reading
 from ..models import utcnow
 from ..outbox import customers
-from ..outbox.customers import CustomerCheck, CustomerVerdicts
+from ..outbox.customers import ACTIVE, CustomerCheck, CustomerVerdicts
 from ..outbox.tenant_sync import StripeCustomer
 from ..stripe_gateway import StripeCallFailed
 from .throttle import process_limiter
@@ -31,12 +31,19 @@ class CustomerSource(Protocol):
                        pace: Callable[[], object] | None = ...) -> list[StripeCustomer]: ...
 
 
-def stripe_customers(source: CustomerSource, metadata_key: str, *,
-                     max_requests_per_second: float) -> list[StripeCustomer]:
+def stripe_customers(engine: Engine, source: CustomerSource, metadata_key: str, *,
+                     max_requests_per_second: float, now: datetime) -> list[StripeCustomer]:
     """Every customer (every page), each page drawing on the process's rate limiter, as
-    sending and reconciling do; raises ``StripeCallFailed`` when Stripe cannot be asked."""
+    sending and reconciling do; raises ``StripeCallFailed`` when Stripe cannot be asked.
+
+    Those that name a tenant under ``metadata_key`` are kept as ``active`` in
+    ``stripe_customer_checks``: Stripe's own listing (which leaves deleted customers out)
+    says it has them, so a mapping to one of them within the refresh asks nothing again."""
     limiter = process_limiter(max_requests_per_second)
-    return source.list_customers(metadata_key, pace=limiter.acquire)
+    listed = source.list_customers(metadata_key, pace=limiter.acquire)
+    customers.record_checks(engine, [CustomerCheck(c.id, ACTIVE, name=c.name) for c in listed
+                                     if c.tenant_id is not None], now=now)
+    return listed
 
 
 class CustomerLookup(Protocol):
