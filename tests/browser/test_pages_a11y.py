@@ -18,6 +18,7 @@ import hashlib
 import re
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -122,6 +123,8 @@ class QuietHandler(WSGIRequestHandler):
 class Site:
     base: str
     ids: dict[str, int]
+    db_url: str
+    engine: Any
 
 
 def _seed(engine: Any) -> dict[str, int]:
@@ -170,20 +173,26 @@ def site() -> Iterator[Site]:
     db_gen = _pg_database()
     db_url = next(db_gen)
     engine = make_engine(db_url)
-    server = None
     try:
         ids = _seed(engine)
         app = create_app({"TESTING": True}, settings=make_settings(db_url), engine=engine,
                          start_drainer=False)
-        server = make_server("127.0.0.1", 0, app, threaded=True,
-                             request_handler=QuietHandler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        yield Site(f"http://127.0.0.1:{server.server_port}", ids)
+        with _served(app) as base:
+            yield Site(base, ids, db_url, engine)
     finally:
-        if server is not None:
-            server.shutdown()
         engine.dispose()
         db_gen.close()
+
+
+@contextmanager
+def _served(app: Any) -> Iterator[str]:
+    """``app`` served in this process (werkzeug, threaded): its base URL."""
+    server = make_server("127.0.0.1", 0, app, threaded=True, request_handler=QuietHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -357,16 +366,38 @@ MAPPINGS_FILES = {
                                 "newco,cus_newco,New Co\nglobex,cus_globex,\n"),
     "mappings-import-bad-lines": ("tenant_id,stripe_customer_id\nnewco,acct_1\n"
                                   ",cus_nobody\n"),
+    "mappings-import-not-in-stripe": ("tenant_id,stripe_customer_id,name\n"
+                                      "newco,cus_newco,New Co\n"
+                                      "umbrella,cus_UmbrellaTypo,Umbrella\n"
+                                      "globex,cus_gone,\n"),
 }
+#: The customers the fake Stripe of the previews has (it has ``cus_gone`` deleted).
+MAPPINGS_CUSTOMERS = ("cus_acmeNew", "cus_newco", "cus_globex")
+
+
+@pytest.fixture(scope="module")
+def stripe_site(site: Site) -> Iterator[str]:
+    """The same database, served by an app whose key reaches the fake Stripe: the previews
+    ask it about each customer of a file. Its base URL."""
+    from support.fake_stripe import FakeStripe
+
+    with FakeStripe() as fake:
+        for customer in MAPPINGS_CUSTOMERS:
+            fake.create_customer(customer)
+        fake.create_customer("cus_gone", deleted=True)
+        app = create_app({"TESTING": True}, engine=site.engine, start_drainer=False,
+                         settings=make_settings(site.db_url, stripe_api_base=fake.base_url))
+        with _served(app) as base:
+            yield base
 
 
 @pytest.mark.parametrize("mode", list(MODES))
-def test_the_mappings_previews_are_accessible_and_fit(site: Site, chromium: Any, mode: str,
-                                                      tmp_path: Path) -> None:
+def test_the_mappings_previews_are_accessible_and_fit(stripe_site: str, chromium: Any,
+                                                      mode: str, tmp_path: Path) -> None:
     """The previews are answers to a posted form, not GET pages: each is reached by
     uploading a file on the mappings page, as an admin would (nothing is applied)."""
     (SHOTS / mode).mkdir(parents=True, exist_ok=True)
-    context = chromium.new_context(base_url=site.base, bypass_csp=True, **MODES[mode])
+    context = chromium.new_context(base_url=stripe_site, bypass_csp=True, **MODES[mode])
     context.set_default_timeout(10_000)
     problems: list[str] = []
     try:
@@ -380,6 +411,11 @@ def test_the_mappings_previews_are_accessible_and_fit(site: Site, chromium: Any,
             with page.expect_navigation():
                 page.get_by_role("button", name="Preview the file").click()
             page.wait_for_selector("#mappings-preview")
+            # Stripe was asked: the customers it has can be applied, the others are named.
+            applies = page.get_by_role("button", name=re.compile("^Apply")).count()
+            assert applies == (name == "mappings-import-preview"), name
+            if name == "mappings-import-not-in-stripe":
+                assert page.locator("#bad-lines li").count() == 2
             problems += _inspect(page, mode, name, "POST /mappings/import")
     finally:
         context.close()

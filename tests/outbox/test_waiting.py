@@ -13,10 +13,11 @@ from sqlalchemy import Engine, insert, select
 from webapp.db import reading
 from webapp.models import OutboxEvent, Tenant
 from webapp.outbox.claims import claim_batch
+from webapp.outbox.customers import CustomerVerdicts
 from webapp.outbox.meters import MeterInfo, active_meters, known_meters, store_meters
 from webapp.outbox.operations import set_tenant
 from webapp.outbox.sync import METERS, record_run
-from webapp.outbox.tenant_import import import_mappings
+from webapp.outbox.tenant_import import import_mappings, read_file
 from webapp.outbox.waiting import DEFER_AFTER, DEFER_FOR, defer_unsendable, waits_for
 from webapp.read.health import SAMPLE, health
 from webapp.worker.parker import Parker
@@ -55,8 +56,9 @@ def test_unmapped_events_are_put_off_and_mapping_makes_them_due(engine: Engine, 
     claim = claim_batch(engine, worker="w:1:a", limit=10, now=now, claim_timeout_seconds=30)
     assert sorted(e.id for e in claim.events) == sorted([ghost_old, ghost_new, acme_old])
 
-    import_mappings(engine, ["tenant_id,stripe_customer_id,name", "nobody,cus_nobody,"],
-                    now=now, actor="test", source="test.csv")
+    rows, out = read_file(["tenant_id,stripe_customer_id,name", "nobody,cus_nobody,"])
+    import_mappings(engine, rows, out, customers=CustomerVerdicts.unchecked(), now=now,
+                    actor="test", source="test.csv")
     assert due_at(engine, [nobody_old])[nobody_old] == now
 
 

@@ -60,6 +60,15 @@ def audit(engine: Engine) -> list[tuple[str, str | None]]:
 
 
 @pytest.fixture
+def app(db_url: str, engine: Engine, fake_stripe: Any) -> Flask:
+    """The dashboard with a key, against the fake (which, knowing no customer, has every
+    one: Stripe's checks of the customers are ``test_mapping_checks``'s)."""
+    return create_app({"TESTING": True},
+                      settings=make_settings(db_url, stripe_api_base=fake_stripe.base_url),
+                      engine=engine, start_drainer=False)
+
+
+@pytest.fixture
 def mapped(engine: Engine) -> None:
     now = utcnow()
     set_tenant(engine, "acme", stripe_customer_id="cus_acme", name="Acme", now=now)
@@ -165,21 +174,14 @@ def test_too_large_not_utf8_or_no_file_is_a_plain_400(
     assert none.status_code == 400 and "Choose a CSV file" in none.get_data(as_text=True)
 
 
-@pytest.fixture
-def stripe_app(db_url: str, engine: Engine, fake_stripe: Any) -> Flask:
-    return create_app({"TESTING": True},
-                      settings=make_settings(db_url, stripe_api_base=fake_stripe.base_url),
-                      engine=engine, start_drainer=False)
-
-
 def test_a_sync_from_stripe_is_previewed_with_its_conflicts_then_applied(
-        stripe_app: Flask, users: dict[str, str], engine: Engine, fake_stripe: Any,
+        app: Flask, users: dict[str, str], engine: Engine, fake_stripe: Any,
         mapped: None) -> None:
     fake_stripe.create_customer("cus_acme", name="Acme", metadata={"tenant": "acme"})
     fake_stripe.create_customer("cus_g", name="Globex", metadata={"tenant": "globex"})
     fake_stripe.create_customer("cus_x1", metadata={"tenant": "dup"})
     fake_stripe.create_customer("cus_x2", metadata={"tenant": "dup"})
-    admin = stripe_app.test_client()
+    admin = app.test_client()
     assert login(admin, users["admin"]).status_code == 303
     token = csrf_of(admin, "/mappings")
     preview = admin.post("/mappings/sync", data={"metadata_key": "tenant", "csrf_token": token})
@@ -193,6 +195,8 @@ def test_a_sync_from_stripe_is_previewed_with_its_conflicts_then_applied(
     assert tenants(engine)["globex"] == ("cus_g", "Globex") and "dup" not in tenants(engine)
     [(action, note)] = audit(engine)
     assert action == "tenants_sync" and "1 conflicts and 0 invalid entries" in (note or "")
+    # Applying checked the customers again from what the listing kept: nothing asked.
+    assert fake_stripe.customer_lookups == {}
 
     bad = admin.post("/mappings/sync", data={"metadata_key": "a[b]", "csrf_token": token})
     assert bad.status_code == 400 and "square brackets" in bad.get_data(as_text=True)

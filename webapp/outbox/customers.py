@@ -13,9 +13,9 @@ it does not have, a 404 with code ``resource_missing``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from datetime import datetime
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 
 from sqlalchemy import Connection, Engine, select
 
@@ -55,6 +55,74 @@ class CustomerCheck:
         if self.state == MISSING:
             return f"Stripe has no customer {self.customer_id}"
         return None
+
+
+#: What to do about a customer Stripe does not have, said after the refusal.
+NOT_IN_STRIPE_ADVICE = "check the id in Stripe's dashboard, or create the customer first"
+#: What to do when Stripe could not be asked.
+UNASKED_ADVICE = "try again in a moment"
+#: How a mapping made without a key says its customer was not checked.
+NOT_CHECKED = "not checked with Stripe (no STRIPE_API_KEY)"
+
+
+@dataclass(frozen=True)
+class CustomerVerdicts:
+    """Whether tenants may be mapped to some customers, decided just before a mapping is
+    applied (``webapp.worker.check_customers`` asks Stripe; the sync from Stripe's own listing
+    makes them with :meth:`listed`).
+
+    With a key set, a customer maps only when Stripe answered that it has it: deleted, missing
+    and a customer Stripe could not be asked about (absent from ``answers``) are refused, each
+    with one line naming it. Without a key (``checked`` false) nothing was asked: every
+    customer maps, and what is written says it was not checked.
+    """
+
+    checked: bool
+    answers: Mapping[str, CustomerCheck] = field(default_factory=dict)
+    #: How the customers were checked, for audit entries and messages.
+    how: str = "checked with Stripe"
+    #: How long a kept answer is used before Stripe is asked again (``None``: not said).
+    refresh_seconds: float | None = None
+
+    @classmethod
+    def unchecked(cls) -> CustomerVerdicts:
+        """No key: nothing asked, every customer maps, saying it was not checked."""
+        return cls(checked=False, how=NOT_CHECKED)
+
+    @classmethod
+    def listed(cls, checks: Iterable[CustomerCheck]) -> CustomerVerdicts:
+        """Customers Stripe itself listed (deleted ones left out): it has them."""
+        return cls(checked=True, answers={c.customer_id: c for c in checks},
+                   how="listed by Stripe")
+
+    def refusal(self, customer_id: str) -> str | None:
+        """Why a tenant cannot be mapped to ``customer_id``, in one line naming it (what
+        Stripe said, or that it could not be asked); None when it can."""
+        if not self.checked:
+            return None
+        answer = self.answers.get(customer_id)
+        if answer is None:
+            return f"Stripe could not be asked about customer {customer_id}"
+        line = answer.refusal()
+        if line and answer.checked_at is not None and self.refresh_seconds:
+            # A kept answer: a customer created in Stripe since is seen once it is asked again.
+            again = answer.checked_at + timedelta(seconds=self.refresh_seconds)
+            line += (f" (Stripe's answer at {answer.checked_at:%Y-%m-%d %H:%M:%S} UTC; "
+                     f"asked again after {again:%H:%M:%S} UTC)")
+        return line
+
+    def unasked(self, customer_id: str) -> bool:
+        """Whether ``customer_id`` is refused only because Stripe could not be asked."""
+        return self.checked and customer_id not in self.answers
+
+    def advice(self, customer_id: str) -> str:
+        """What to do about a refused customer: check it in Stripe, or try again later."""
+        return UNASKED_ADVICE if self.unasked(customer_id) else NOT_IN_STRIPE_ADVICE
+
+    def explained(self, customer_id: str) -> str | None:
+        """:meth:`refusal` and what to do about it, in one line; None when it maps."""
+        line = self.refusal(customer_id)
+        return None if line is None else f"{line}; {self.advice(customer_id)}"
 
 
 def checks_since(conn: Connection, customer_ids: Iterable[str],

@@ -21,6 +21,7 @@ from ..db import reading as reading_conn
 from ..models import fit, fits, limit_of
 from .adjustments import CancelAnswer, KeptAdjustment, kept
 from .control import OPERATOR, set_paused
+from .customers import CustomerVerdicts
 from .rollups import lock_sent_mark, unfold_sent
 from .sql import SENT_AS, TENANTS, T, as_utc, id_in
 from .states import (
@@ -63,35 +64,58 @@ class ActionResult:
 # -- tenants ---------------------------------------------------------------------------------
 
 def set_tenant(engine: Engine, tenant_id: str, *, stripe_customer_id: str | None,
-               name: str | None, now: datetime, actor: str | None = None) -> None:
+               name: str | None, now: datetime, actor: str | None = None,
+               customers: CustomerVerdicts | None = None) -> None:
     """Create or update a tenant's Stripe customer mapping (audited when ``actor`` is given).
     Events already attempted keep the customer fixed at their first attempt.
 
-    Raises :class:`OperationError` for a tenant id that is not 1–100 printable characters or
-    a customer id that does not start with ``cus_`` or is longer than its column. A name
-    longer than its column is cut.
+    ``customers`` is what Stripe said of the customer just before (every door passes it:
+    ``webapp.worker.check_customers``): a customer it refuses (Stripe does not have it, has
+    it deleted, or could not be asked) raises :class:`OperationError` with one line naming
+    it, and the audit entry says whether the customer was checked. Removing a mapping needs
+    no check.
+
+    Raises :class:`OperationError` as :func:`mapping_problem` says.
+    A name longer than its column is cut.
     """
-    if not tenant_id or len(tenant_id) > 100 or not tenant_id.isprintable():
-        raise OperationError("tenant id must be 1–100 printable characters")
-    if stripe_customer_id is not None and not stripe_customer_id.startswith("cus_"):
-        raise OperationError(f"Stripe customer ids start with cus_, got {stripe_customer_id!r}")
-    if stripe_customer_id is not None and not fits(TENANTS.c.stripe_customer_id,
-                                                   stripe_customer_id):
-        # Never cut: a cut id would bill another customer, or none.
-        raise OperationError(f"a Stripe customer id is at most "
-                             f"{limit_of(TENANTS.c.stripe_customer_id)} printable characters")
+    problem = mapping_problem(tenant_id, stripe_customer_id)
+    if problem:
+        raise OperationError(problem)
+    how = None
+    if customers is not None and stripe_customer_id is not None:
+        refused = customers.explained(stripe_customer_id)
+        if refused:
+            raise OperationError(refused)
+        how = customers.how
     name = fit(TENANTS.c.name, name)
     try:
         _save_tenant(engine, tenant_id, stripe_customer_id=stripe_customer_id, name=name,
-                     now=now, actor=actor)
+                     now=now, actor=actor, how=how)
     except IntegrityError:
         # Two people (or a double click) mapping a new tenant at once: the other one won.
         raise OperationError(f"tenant {tenant_id} was mapped by someone else at the same "
                              "moment; reload the page to see its mapping") from None
 
 
+def mapping_problem(tenant_id: str, stripe_customer_id: str | None) -> str | None:
+    """Why this tenant id or customer id cannot be a mapping, before anyone asks Stripe: a
+    tenant id that is not 1–100 printable characters, a customer id that does not start with
+    ``cus_`` or is longer than its column. None when both can."""
+    if not tenant_id or len(tenant_id) > 100 or not tenant_id.isprintable():
+        return "tenant id must be 1–100 printable characters"
+    if stripe_customer_id is not None and not stripe_customer_id.startswith("cus_"):
+        return f"Stripe customer ids start with cus_, got {stripe_customer_id!r}"
+    if stripe_customer_id is not None and not fits(TENANTS.c.stripe_customer_id,
+                                                   stripe_customer_id):
+        # Never cut: a cut id would bill another customer, or none.
+        return (f"a Stripe customer id is at most "
+                f"{limit_of(TENANTS.c.stripe_customer_id)} printable characters")
+    return None
+
+
 def _save_tenant(engine: Engine, tenant_id: str, *, stripe_customer_id: str | None,
-                 name: str | None, now: datetime, actor: str | None) -> None:
+                 name: str | None, now: datetime, actor: str | None,
+                 how: str | None) -> None:
     with engine.begin() as conn:
         current = conn.execute(select(TENANTS.c.tenant_id)
                                .where(TENANTS.c.tenant_id == tenant_id)).first()
@@ -109,7 +133,7 @@ def _save_tenant(engine: Engine, tenant_id: str, *, stripe_customer_id: str | No
         if actor is not None:
             write_audit(conn, actor=actor, action="tenant_map", now=now,
                         note=f"{tenant_id} -> {stripe_customer_id}"
-                        + (f" ({name})" if name else ""))
+                        + (f" ({name})" if name else "") + (f"; customer {how}" if how else ""))
 
 
 # -- dead letters ----------------------------------------------------------------------------

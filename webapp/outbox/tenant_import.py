@@ -3,9 +3,13 @@
 The file has a header naming its columns: ``tenant_id`` and ``stripe_customer_id``, and
 ``name`` if wanted. It is all-or-nothing: every line is checked first, and one bad line (an
 empty tenant id, a customer id that is not ``cus_…``, one tenant given two customers) refuses
-the whole file with one message per bad line, nothing changed. Otherwise the changes are
-written in one transaction, with one audit entry that counts them. Lines already true are
-counted as unchanged and not written. An empty ``name`` keeps the name a tenant has.
+the whole file with one message per bad line, nothing changed. Then, with a key set, so does
+a line whose customer Stripe does not have, has deleted, or could not be asked about: the
+caller asks Stripe (``webapp.worker.check_customers``, once per distinct customer) and passes
+its verdicts in, so nothing here touches the network. Otherwise the changes are written in
+one transaction, with one audit entry that counts them and says how the customers were
+checked. Lines already true are counted as unchanged and not written. An empty ``name``
+keeps the name a tenant has.
 
 The planning and writing (:func:`plan`, :func:`apply_mappings`, :func:`fingerprint`) serve
 every way of mapping many tenants: this file, Stripe's customers (``tenant_sync``) and the
@@ -28,6 +32,7 @@ from sqlalchemy.exc import IntegrityError
 
 from ..audit import write_audit
 from ..models import fit, fits, limit_of
+from .customers import NOT_IN_STRIPE_ADVICE, UNASKED_ADVICE, CustomerVerdicts
 from .operations import OperationError
 from .sql import TENANTS, text_in
 from .waiting import undefer_sendable
@@ -61,21 +66,39 @@ class ImportPlan:
     bad_lines: int = 0
     #: For each changed tenant, its (customer, name) before the change.
     before: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)
+    #: Of the bad lines: those whose customer Stripe does not have (or has deleted), and
+    #: those whose customer Stripe could not be asked about.
+    not_in_stripe: int = 0
+    unasked: int = 0
 
     def summary(self) -> str:
         return (f"{len(self.added)} added, {len(self.changed)} changed, "
                 f"{self.unchanged} unchanged")
 
+    def bad(self, line: int, why: str) -> None:
+        """Count a bad line, and keep its message (the first :data:`MAX_PROBLEMS`)."""
+        self.bad_lines += 1
+        if len(self.problems) < MAX_PROBLEMS:
+            self.problems.append(f"line {line}: {why}")
+
+    def advice(self) -> list[str]:
+        """What to do about the lines Stripe's answers refused, one sentence each kind."""
+        out = []
+        if self.not_in_stripe:
+            one = self.not_in_stripe == 1
+            out.append(f"{self.not_in_stripe} {'line names' if one else 'lines name'} a "
+                       "customer Stripe does not have (or has deleted): "
+                       f"{NOT_IN_STRIPE_ADVICE}")
+        if self.unasked:
+            out.append(f"Stripe could not be asked about the customer of {self.unasked} "
+                       f"line{'s' if self.unasked != 1 else ''}: {UNASKED_ADVICE}")
+        return out
+
 
 def read_file(lines: Iterable[str]) -> tuple[list[Mapping], ImportPlan]:
     """The file's mappings, and a plan holding its bad lines (if any)."""
     out = ImportPlan()
-
-    def bad(line: int, why: str) -> None:
-        out.bad_lines += 1
-        if len(out.problems) < MAX_PROBLEMS:
-            out.problems.append(f"line {line}: {why}")
-
+    bad = out.bad
     reader = csv.reader(lines)
     try:
         header = next(reader, None)
@@ -136,6 +159,21 @@ def refused(tenant: str, customer: str) -> str | None:
     if not fits(TENANTS.c.stripe_customer_id, customer):
         return f"Stripe customer id is longer than {limit_of(TENANTS.c.stripe_customer_id)}"
     return None
+
+
+def refuse_customers(rows: Iterable[Mapping], out: ImportPlan,
+                     customers: CustomerVerdicts) -> None:
+    """Add a bad line to ``out`` for each row whose customer ``customers`` refuses: the
+    tenant, the customer and what Stripe said (or that it could not be asked)."""
+    for m in rows:
+        why = customers.refusal(m.stripe_customer_id)
+        if why is None:
+            continue
+        if customers.unasked(m.stripe_customer_id):
+            out.unasked += 1
+        else:
+            out.not_in_stripe += 1
+        out.bad(m.line, f"tenant {m.tenant_id!r}: {why}")
 
 
 def plan(conn: Connection, rows: list[Mapping], out: ImportPlan) -> ImportPlan:
@@ -201,14 +239,23 @@ class StalePreview(OperationError):
         self.plan = fresh
 
 
-def apply_mappings(engine: Engine, rows: list[Mapping], out: ImportPlan, *, now: datetime,
-                   actor: str, action: str, note: str, dry_run: bool = False,
+def apply_mappings(engine: Engine, rows: list[Mapping], out: ImportPlan, *,
+                   customers: CustomerVerdicts, now: datetime, actor: str, action: str,
+                   note: str, dry_run: bool = False,
                    expected: str | None = None) -> ImportPlan:
     """Plan ``rows`` and (unless ``dry_run``) write the plan in one transaction with one
-    audit entry (``action``, ``note`` then the counts); nothing is written or audited when
-    there is nothing to change. With ``expected`` (a preview's :func:`fingerprint`), a plan
-    that differs from the preview's raises :class:`StalePreview` and writes nothing.
-    Raises :class:`OperationError` when someone mapped one of the new tenants meanwhile."""
+    audit entry (``action``, ``note``, the counts, and how the customers were checked);
+    nothing is written or audited when there is nothing to change.
+
+    ``customers`` is what Stripe said of the rows' customers, asked before this is called:
+    a row whose customer it refuses is a bad line (:func:`refuse_customers`), and then, as
+    with any bad line already in ``out``, nothing is planned or written. With ``expected`` (a
+    preview's :func:`fingerprint`), a plan that differs from the preview's raises
+    :class:`StalePreview` and writes nothing. Raises :class:`OperationError` when someone
+    mapped one of the new tenants meanwhile."""
+    refuse_customers(rows, out, customers)
+    if out.bad_lines:
+        return out
     try:
         with engine.begin() as conn:
             plan(conn, rows, out)
@@ -220,7 +267,7 @@ def apply_mappings(engine: Engine, rows: list[Mapping], out: ImportPlan, *, now:
             # The newly mapped tenants' events put off while they had no customer: due now.
             undefer_sendable(conn, now=now)
             write_audit(conn, actor=actor, action=action, now=now,
-                        note=f"{note}: {out.summary()}")
+                        note=f"{note}: {out.summary()}; customers {customers.how}")
     except IntegrityError:
         # Someone mapped one of these new tenants between the read and the write: the whole
         # set was rolled back; the next run sees that tenant and counts it as it should.
@@ -229,12 +276,13 @@ def apply_mappings(engine: Engine, rows: list[Mapping], out: ImportPlan, *, now:
     return out
 
 
-def import_mappings(engine: Engine, lines: Iterable[str], *, now: datetime, actor: str,
-                    source: str, dry_run: bool = False) -> ImportPlan:
-    """Check the whole file, then (unless ``dry_run`` or a line is bad) apply it in one
-    transaction with one audit entry. The plan says what was (or would be) done."""
-    rows, out = read_file(lines)
+def import_mappings(engine: Engine, rows: list[Mapping], out: ImportPlan, *,
+                    customers: CustomerVerdicts, now: datetime, actor: str, source: str,
+                    dry_run: bool = False) -> ImportPlan:
+    """Apply a file :func:`read_file` read (unless a line is bad, its customer refused by
+    ``customers``, or ``dry_run``) in one transaction with one audit entry. The plan says
+    what was (or would be) done, or every bad line."""
     if out.bad_lines:
         return out
-    return apply_mappings(engine, rows, out, now=now, actor=actor, action="tenants_import",
-                          note=source, dry_run=dry_run)
+    return apply_mappings(engine, rows, out, customers=customers, now=now, actor=actor,
+                          action="tenants_import", note=source, dry_run=dry_run)

@@ -26,6 +26,7 @@ from datetime import datetime
 from sqlalchemy import Engine
 
 from ..models import fit
+from .customers import ACTIVE, CustomerCheck, CustomerVerdicts
 from .sql import TENANTS
 from .tenant_import import ImportPlan, Mapping, apply_mappings, refused
 
@@ -118,9 +119,18 @@ def sync_mappings(engine: Engine, customers: Iterable[StripeCustomer], *, key: s
     transaction audited once as ``tenants_sync``: what Stripe named (with what was reported)
     and what was (or would be) done. Raises ``OperationError`` as ``apply_mappings`` does."""
     named = mappings_from(customers)
-    done = apply_mappings(engine, named.rows, ImportPlan(), now=now, actor=actor,
-                          action=SYNC_ACTION, note=sync_note(key, named), dry_run=dry_run)
+    done = apply_mappings(engine, named.rows, ImportPlan(), customers=listed(named),
+                          now=now, actor=actor, action=SYNC_ACTION,
+                          note=sync_note(key, named), dry_run=dry_run)
     return named, done
+
+
+def listed(named: SyncPlan) -> CustomerVerdicts:
+    """The verdicts on the customers a sync maps: they come from Stripe's own listing, which
+    leaves deleted customers out, so Stripe has each of them. They are not asked about again
+    one by one (the listing already kept them as checked, ``webapp.worker.stripe_customers``)."""
+    return CustomerVerdicts.listed(CustomerCheck(m.stripe_customer_id, ACTIVE, name=m.name)
+                                   for m in named.rows)
 
 
 def sync_note(key: str, named: SyncPlan) -> str:

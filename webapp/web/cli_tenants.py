@@ -8,7 +8,9 @@ import itertools
 import json
 import os
 import sys
+from collections.abc import Iterable
 from datetime import UTC, date
+from typing import TYPE_CHECKING
 
 import click
 from flask import current_app
@@ -16,6 +18,9 @@ from flask import current_app
 from ..services import Services, services_of
 from ..stripe_gateway import StripeCallFailed
 from .cli import actor
+
+if TYPE_CHECKING:
+    from ..outbox.customers import CustomerVerdicts
 
 
 def _svc() -> Services:
@@ -32,33 +37,66 @@ def tenants() -> None:
 @click.option("--stripe-customer", required=True, help="cus_…")
 @click.option("--name", default=None)
 def tenants_set(tenant_id: str, stripe_customer: str, name: str | None) -> None:
-    """Map TENANT_ID to a Stripe customer (its waiting events become sendable)."""
-    from ..outbox.operations import set_tenant
+    """Map TENANT_ID to a Stripe customer (its waiting events become sendable). With
+    STRIPE_API_KEY set, Stripe is asked first: a customer it does not have, has deleted, or
+    could not be asked about is refused and nothing changes."""
+    from ..outbox.operations import OperationError, mapping_problem, set_tenant
 
+    problem = mapping_problem(tenant_id, stripe_customer)
+    if problem:
+        raise OperationError(problem)
+    customers = _verdicts([stripe_customer])
     set_tenant(_svc().engine, tenant_id, stripe_customer_id=stripe_customer, name=name,
-               now=_svc().clock(), actor=actor())
+               now=_svc().clock(), actor=actor(), customers=customers)
     click.echo(f"{tenant_id} -> {stripe_customer}")
+    if not customers.checked:
+        click.echo(f"{stripe_customer}: {customers.how}", err=True)
+
+
+def _verdicts(customer_ids: Iterable[str]) -> CustomerVerdicts:
+    """What Stripe says of these customers (nothing asked without a key)."""
+    from ..worker import check_customers, gateway_from
+
+    svc = _svc()
+    gateway = gateway_from(svc.settings)
+    try:
+        return check_customers(svc.engine, gateway, svc.settings, customer_ids,
+                               clock=svc.clock)
+    finally:
+        if gateway is not None:
+            gateway.close()
 
 
 @tenants.command("import")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, readable=True))
-@click.option("--dry-run", is_flag=True, help="Check the file and count the changes; write "
-              "nothing.")
+@click.option("--dry-run", is_flag=True, help="Check the file (and, with a key, its "
+              "customers in Stripe) and count the changes; change no mapping.")
 def tenants_import(file: str, dry_run: bool) -> None:
     """Map many tenants from a CSV file (columns tenant_id,stripe_customer_id[,name]):
-    all or nothing; one bad line refuses the file, each one named."""
-    from ..outbox.tenant_import import import_mappings
+    all or nothing; one bad line refuses the file, each one named. With STRIPE_API_KEY set,
+    Stripe is asked about each customer the file names, once: one it does not have, has
+    deleted, or could not be asked about makes its line a bad one."""
+    from ..outbox.tenant_import import import_mappings, read_file
 
     with open(file, encoding="utf-8-sig", newline="") as fh:
         try:
-            result = import_mappings(_svc().engine, fh, now=_svc().clock(), actor=actor(),
-                                     source=os.path.basename(file), dry_run=dry_run)
+            rows, result = read_file(fh)
         except UnicodeDecodeError:
             click.echo(f"{file}: not UTF-8 text; save it as CSV UTF-8 and try again", err=True)
             raise SystemExit(1) from None
+    customers = None
+    if not result.bad_lines:
+        # Stripe is asked only about a file that is otherwise good: a bad line would refuse
+        # it anyway, and a long file's customers take a while to ask about.
+        customers = _verdicts({m.stripe_customer_id for m in rows})
+        result = import_mappings(_svc().engine, rows, result, customers=customers,
+                                 now=_svc().clock(), actor=actor(),
+                                 source=os.path.basename(file), dry_run=dry_run)
     if result.bad_lines:
         for problem in result.problems:
             click.echo(problem, err=True)
+        for advice in result.advice():
+            click.echo(advice, err=True)
         more = result.bad_lines - len(result.problems)
         click.echo((f"(and {more} more) " if more else "")
                    + f"{result.bad_lines} bad line{'s' if result.bad_lines != 1 else ''}: "
@@ -66,13 +104,15 @@ def tenants_import(file: str, dry_run: bool) -> None:
         raise SystemExit(1)
     click.echo(("dry run, nothing written: would be " if dry_run else "")
                + result.summary())
+    if customers is not None and not customers.checked:
+        click.echo(f"the customers were {customers.how}", err=True)
 
 
 @tenants.command("sync-from-stripe")
 @click.option("--metadata-key", required=True, metavar="KEY",
               help="The key of the Stripe customers' metadata that holds the tenant id.")
-@click.option("--dry-run", is_flag=True, help="Read Stripe and count the changes; write "
-              "nothing.")
+@click.option("--dry-run", is_flag=True, help="Read Stripe and count the changes; change "
+              "no mapping.")
 def tenants_sync(metadata_key: str, dry_run: bool) -> None:
     """Map each tenant named in a Stripe customer's metadata (under KEY) to that customer;
     the customer's name, when it has one, becomes the tenant's. A tenant mapped to another
@@ -91,8 +131,9 @@ def tenants_sync(metadata_key: str, dry_run: bool) -> None:
     svc = _svc()
     try:
         customers = stripe_customers(
-            _gateway(), metadata_key,
-            max_requests_per_second=svc.settings.stripe_max_requests_per_second)
+            svc.engine, _gateway(), metadata_key,
+            max_requests_per_second=svc.settings.stripe_max_requests_per_second,
+            now=svc.clock())
     except StripeCallFailed as exc:
         raise StripeUnreachable(f"{exc}; nothing was changed") from exc
     named, done = sync_mappings(svc.engine, customers, key=metadata_key, now=svc.clock(),

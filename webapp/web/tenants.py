@@ -11,13 +11,14 @@ from flask import Blueprint, abort, flash, redirect, url_for
 from flask.typing import ResponseReturnValue
 
 from ..db import reading
-from ..outbox.operations import set_tenant
+from ..outbox.operations import OperationError, mapping_problem, set_tenant
 from ..outbox.rollups import fold_margin
 from ..read import mappings as mapping_reads
 from ..read import tenants as reads
 from ..read import usage_reports as reports
 from ..read import usage_table as table_reads
 from ..read.paging import MAX_PAGE
+from ..worker import check_customers
 from . import charts
 from .common import csv_response, now, render, svc
 from .errors import back_to
@@ -244,8 +245,10 @@ def show(tenant_id: str) -> ResponseReturnValue:
 @require_role("admin")
 @accepts(TENANT_ID, CUSTOMER, NAME)
 def set_mapping() -> ResponseReturnValue:
-    """Map a tenant to its Stripe customer (audited). Its waiting events become sendable;
-    events already attempted keep the customer fixed at their first attempt."""
+    """Map a tenant to its Stripe customer (audited), once Stripe says it has it (with a
+    key set; without one it is mapped and the message says it was not checked). Its waiting
+    events become sendable; events already attempted keep the customer fixed at their first
+    attempt."""
     tenant_id = TENANT_ID.get()
     customer = CUSTOMER.get()
     name = NAME.get() or None
@@ -256,7 +259,17 @@ def set_mapping() -> ResponseReturnValue:
         flash("A Stripe customer id (cus_…) is required.", "error")
         return redirect(back, code=303)
     back_to(back)
+    problem = mapping_problem(tenant_id, customer)
+    if problem:
+        raise OperationError(problem)
+    customers = check_customers(svc().engine, svc().gateway(), svc().settings, [customer],
+                                clock=svc().clock)
     set_tenant(svc().engine, tenant_id, stripe_customer_id=customer, name=name, now=now(),
-               actor=user.email)
-    flash(f"{tenant_id} is now billed to {customer}.", "ok")
+               actor=user.email, customers=customers)
+    if customers.checked:
+        flash(f"{tenant_id} is now billed to {customer} (Stripe has this customer).", "ok")
+    else:
+        flash(f"{tenant_id} is now billed to {customer}. Stripe was not asked whether it has "
+              "this customer: no Stripe API key is set here, so check the id in Stripe's "
+              "dashboard.", "warning")
     return redirect(back, code=303)

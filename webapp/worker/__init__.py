@@ -8,6 +8,7 @@ What the rest of the product may use (``webapp.web`` imports nothing deeper):
 - :class:`Rescuer`, :class:`RollupFolder` — those services, for a scheduler of its own;
 - :class:`MeterRefresher`, :class:`EventPoller` (built by :func:`event_poller`; with
   :func:`store_report`), :func:`customer_directory` (whether Stripe has a customer),
+  :func:`check_customers` (whether tenants may be mapped to customers: asked before a mapping),
   :func:`reconcile` and :class:`Reconciler`, :func:`cancel_events` — the exchanges with
   Stripe after its 200 (meters, error reports, reconciliation, cancel);
 - :func:`stripe_customers` — Stripe's customers for the tenant sync;
@@ -20,7 +21,7 @@ one call per lane), ``lanes/`` (one module per backend), ``shards``, ``throttle`
 """
 
 from .cancelling import CancelOutcome, cancel_events
-from .customers import stripe_customers
+from .customers import check_customers, customer_directory, stripe_customers
 from .drainer import Drainer, DrainSummary
 from .folder import RollupFolder
 from .maintenance import Maintenance, Scheduled, services_for
@@ -29,12 +30,13 @@ from .process import freeze_startup_objects, gateway_from
 from .reconciler import LEASE_SECONDS as RECONCILE_LEASE_SECONDS
 from .reconciler import Reconciler, reconcile
 from .rescuer import Rescuer
-from .stripe_events import EventPoller, PollSummary, customer_directory, event_poller
+from .stripe_events import EventPoller, PollSummary, event_poller
 from .stripe_events import store as store_report
 
 __all__ = ["RECONCILE_LEASE_SECONDS", "CancelOutcome", "DrainSummary", "Drainer",
            "EventPoller", "Maintenance",
            "MeterRefresher", "PollSummary", "Reconciler", "Rescuer", "RollupFolder",
-           "Scheduled", "cancel_events", "customer_directory", "event_poller",
+           "Scheduled", "cancel_events", "check_customers", "customer_directory",
+           "event_poller",
            "freeze_startup_objects", "gateway_from", "reconcile",
            "services_for", "store_report", "stripe_customers"]

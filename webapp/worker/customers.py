@@ -1,20 +1,22 @@
 """Stripe's customers, within the process's ceiling on calls: every customer for the tenant
-sync (:func:`stripe_customers`), and whether Stripe has a given customer, asked at most once per
-customer per refresh (:class:`CustomerDirectory`)."""
+sync (:func:`stripe_customers`), whether Stripe has a given customer, asked at most once per
+customer per refresh (:class:`CustomerDirectory`), and the one rule every way of mapping a
+tenant follows (:func:`check_customers`): a tenant is mapped only to a customer Stripe has."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
-from typing import Protocol
+from typing import Any, Protocol
 
 from sqlalchemy import Engine
 
+from ..config import Settings
 from ..db import reading
 from ..models import utcnow
 from ..outbox import customers
-from ..outbox.customers import CustomerCheck
+from ..outbox.customers import ACTIVE, CustomerCheck, CustomerVerdicts
 from ..outbox.tenant_sync import StripeCustomer
 from ..stripe_gateway import StripeCallFailed
 from .throttle import process_limiter
@@ -29,12 +31,19 @@ class CustomerSource(Protocol):
                        pace: Callable[[], object] | None = ...) -> list[StripeCustomer]: ...
 
 
-def stripe_customers(source: CustomerSource, metadata_key: str, *,
-                     max_requests_per_second: float) -> list[StripeCustomer]:
+def stripe_customers(engine: Engine, source: CustomerSource, metadata_key: str, *,
+                     max_requests_per_second: float, now: datetime) -> list[StripeCustomer]:
     """Every customer (every page), each page drawing on the process's rate limiter, as
-    sending and reconciling do; raises ``StripeCallFailed`` when Stripe cannot be asked."""
+    sending and reconciling do; raises ``StripeCallFailed`` when Stripe cannot be asked.
+
+    Those that name a tenant under ``metadata_key`` are kept as ``active`` in
+    ``stripe_customer_checks``: Stripe's own listing (which leaves deleted customers out)
+    says it has them, so a mapping to one of them within the refresh asks nothing again."""
     limiter = process_limiter(max_requests_per_second)
-    return source.list_customers(metadata_key, pace=limiter.acquire)
+    listed = source.list_customers(metadata_key, pace=limiter.acquire)
+    customers.record_checks(engine, [CustomerCheck(c.id, ACTIVE, name=c.name) for c in listed
+                                     if c.tenant_id is not None], now=now)
+    return listed
 
 
 class CustomerLookup(Protocol):
@@ -87,3 +96,30 @@ class CustomerDirectory:
     def check(self, customer_id: str) -> CustomerCheck | None:
         """Stripe's answer about one customer, or None when Stripe could not be asked."""
         return self.checks([customer_id]).get(customer_id)
+
+
+def customer_directory(engine: Engine, gateway: Any, settings: Settings, *,
+                       clock: Callable[[], datetime] = utcnow) -> CustomerDirectory:
+    """Whether Stripe has a customer, asked at most once per customer per
+    ``STRIPE_METERS_REFRESH_SECONDS``, within the process's rate limit."""
+    return CustomerDirectory(engine, gateway, refresh_seconds=settings.meters_refresh_seconds,
+                             max_requests_per_second=settings.stripe_max_requests_per_second,
+                             clock=clock)
+
+
+def check_customers(engine: Engine, gateway: Any | None, settings: Settings,
+                    customer_ids: Iterable[str], *,
+                    clock: Callable[[], datetime] = utcnow) -> CustomerVerdicts:
+    """What Stripe says of the customers a mapping is about to use, asked before anything is
+    written (every way of mapping a tenant calls this, and refuses what the verdicts refuse).
+
+    With a gateway (a key is set), each distinct customer is asked about once, or answered
+    from what was kept within ``STRIPE_METERS_REFRESH_SECONDS``
+    (:func:`customer_directory`); a customer Stripe could not be asked about is refused too,
+    never mapped unchecked. Without one (``gateway`` None), nothing is asked: every customer
+    maps, and the verdicts say it was not checked."""
+    if gateway is None:
+        return CustomerVerdicts.unchecked()
+    directory = customer_directory(engine, gateway, settings, clock=clock)
+    return CustomerVerdicts(checked=True, answers=directory.checks(customer_ids),
+                            refresh_seconds=settings.meters_refresh_seconds)

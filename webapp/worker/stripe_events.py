@@ -20,7 +20,7 @@ from ..models import utcnow
 from ..outbox import rejections, sync
 from ..outbox.customers import CustomerCheck
 from ..outbox.rejections import REPORT_TYPES, StripeReport
-from .customers import CustomerDirectory
+from .customers import CustomerDirectory, customer_directory
 from .throttle import process_limiter
 
 log = logging.getLogger(__name__)
@@ -206,12 +206,3 @@ def event_poller(engine: Engine, gateway: Any, settings: Settings, *,
     return EventPoller(engine, gateway, clock=clock, on_meter_codes=on_meter_codes,
                        max_requests_per_second=settings.stripe_max_requests_per_second,
                        customers=customer_directory(engine, gateway, settings, clock=clock))
-
-
-def customer_directory(engine: Engine, gateway: Any, settings: Settings, *,
-                       clock: Callable[[], datetime] = utcnow) -> CustomerDirectory:
-    """Whether Stripe has a customer, asked at most once per customer per
-    ``STRIPE_METERS_REFRESH_SECONDS``, within the process's rate limit."""
-    return CustomerDirectory(engine, gateway, refresh_seconds=settings.meters_refresh_seconds,
-                             max_requests_per_second=settings.stripe_max_requests_per_second,
-                             clock=clock)
