@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from sqlalchemy import Connection, Engine, select
 
@@ -81,8 +81,6 @@ class CustomerVerdicts:
     answers: Mapping[str, CustomerCheck] = field(default_factory=dict)
     #: How the customers were checked, for audit entries and messages.
     how: str = "checked with Stripe"
-    #: How long a kept answer is used before Stripe is asked again (``None``: not said).
-    refresh_seconds: float | None = None
 
     @classmethod
     def unchecked(cls) -> CustomerVerdicts:
@@ -103,13 +101,8 @@ class CustomerVerdicts:
         answer = self.answers.get(customer_id)
         if answer is None:
             return f"Stripe could not be asked about customer {customer_id}"
-        line = answer.refusal()
-        if line and answer.checked_at is not None and self.refresh_seconds:
-            # A kept answer: a customer created in Stripe since is seen once it is asked again.
-            again = answer.checked_at + timedelta(seconds=self.refresh_seconds)
-            line += (f" (Stripe's answer at {answer.checked_at:%Y-%m-%d %H:%M:%S} UTC; "
-                     f"asked again after {again:%H:%M:%S} UTC)")
-        return line
+        # Refusals are fresh answers: a customer Stripe lacked is asked about again.
+        return answer.refusal()
 
     def unasked(self, customer_id: str) -> bool:
         """Whether ``customer_id`` is refused only because Stripe could not be asked."""

@@ -71,13 +71,18 @@ class CustomerDirectory:
         self.limiter = process_limiter(max_requests_per_second)
         self.clock = clock
 
-    def checks(self, customer_ids: Iterable[str]) -> dict[str, CustomerCheck]:
+    def checks(self, customer_ids: Iterable[str], *,
+               recheck_refused: bool = False) -> dict[str, CustomerCheck]:
         """Stripe's answer about each customer that could be had, by id: kept ones younger
-        than ``refresh_seconds``, the others asked now (and kept)."""
+        than ``refresh_seconds``, the others asked now (and kept). ``recheck_refused``: a
+        kept answer that the customer is missing or deleted is asked again (a person mapping
+        a tenant may just have created the customer in Stripe)."""
         wanted = {c for c in customer_ids if c}
         now = self.clock()
         with reading(self.engine) as conn:
             known = customers.checks_since(conn, wanted, now - self.refresh)
+        if recheck_refused:
+            known = {c: check for c, check in known.items() if check.exists}
         asked: list[CustomerCheck] = []
         failed: list[str] = []
         for customer_id in sorted(wanted - set(known)):
@@ -121,5 +126,6 @@ def check_customers(engine: Engine, gateway: Any | None, settings: Settings,
     if gateway is None:
         return CustomerVerdicts.unchecked()
     directory = customer_directory(engine, gateway, settings, clock=clock)
-    return CustomerVerdicts(checked=True, answers=directory.checks(customer_ids),
-                            refresh_seconds=settings.meters_refresh_seconds)
+    # A customer Stripe said it lacks is asked again: it may have been created since.
+    return CustomerVerdicts(checked=True,
+                            answers=directory.checks(customer_ids, recheck_refused=True))
