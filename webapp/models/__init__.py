@@ -28,6 +28,8 @@ from .outbox import (
 from .people import AuditEntry, AuditEvent, LoginThrottle, User
 from .reports import REPORT_STATUSES, UsageReport, UsageReportRow
 from .stripe_sync import (
+    ReconciledDay,
+    ReconciledMonth,
     ReconciliationMismatch,
     ReconciliationRun,
     StreamRequest,
@@ -44,7 +46,7 @@ __all__ = [
     "AttemptRollup", "AuditEntry", "AuditEvent",
     "Base", "BigID", "Control", "DeliveryAttempt", "DrainerHeartbeat", "LoginThrottle",
     "OutboxEvent",
-    "PrunedUsageRollup", "ReconciliationMismatch",
+    "PrunedUsageRollup", "ReconciledDay", "ReconciledMonth", "ReconciliationMismatch",
     "ReconciliationRun", "RollupState", "SentUsageDay", "SentUsageMonthly", "SentUsageRollup",
     "SentUsageYearly",
     "StripeCustomerCheck", "StripeErrorSample", "StripeEvent",

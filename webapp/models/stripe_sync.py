@@ -149,6 +149,44 @@ class ReconciliationRun(Base):
     notes: Mapped[str | None] = mapped_column(Text, info={"max_chars": 20000})  # skipped meters…
 
 
+class ReconciledDay(Base):
+    """What reconciliation last found for one customer, meter and whole UTC day it compared
+    (migration 0020): ours (units; events for a ``count`` meter) and Stripe's summary, matched
+    or not. Usage rows show Stripe's figure beside ours from these; a day not compared (too
+    young, or holding an event whose outcome is not known yet) has no row."""
+
+    __tablename__ = "reconciled_days"
+
+    stripe_customer_id: Mapped[str] = mapped_column(String(255), primary_key=True)
+    meter: Mapped[str] = mapped_column(String(100), primary_key=True)
+    day: Mapped[str] = mapped_column(String(10), primary_key=True)
+    formula: Mapped[str] = mapped_column(String(20))
+    ours: Mapped[int] = mapped_column(BigInteger)
+    stripe: Mapped[float] = mapped_column(Float)
+    compared_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    run_id: Mapped[int] = mapped_column(BigInteger)
+
+    __table_args__ = (
+        # Whether any day of a stretch was compared (a period's plan, as the usage rollups').
+        Index("ix_reconciled_days_day", "day"),
+    )
+
+
+class ReconciledMonth(Base):
+    """The compared days of one customer, meter and UTC month added up (written with them):
+    a month of 100,000 customers reads 200,000 rows, not six million."""
+
+    __tablename__ = "reconciled_months"
+
+    stripe_customer_id: Mapped[str] = mapped_column(String(255), primary_key=True)
+    meter: Mapped[str] = mapped_column(String(100), primary_key=True)
+    month: Mapped[str] = mapped_column(String(7), primary_key=True)
+    ours: Mapped[int] = mapped_column(BigInteger)
+    stripe: Mapped[float] = mapped_column(Float)
+    days: Mapped[int] = mapped_column(Integer)
+    compared_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
 class ReconciliationMismatch(Base):
     """A bucket where Stripe's total and ours differ."""
 

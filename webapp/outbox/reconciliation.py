@@ -16,10 +16,32 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, case, func, insert, literal, or_, select
+from sqlalchemy import (
+    Connection,
+    Engine,
+    case,
+    delete,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+    tuple_,
+)
 
 from ..models import fit, fit_json_list
-from .sql import RECON_MISMATCHES, RECON_RUNS, T, as_utc, epoch_bucket, int_sum, status_is
+from .sql import (
+    RECON_DAYS,
+    RECON_MISMATCHES,
+    RECON_MONTHS,
+    RECON_RUNS,
+    T,
+    as_utc,
+    epoch_bucket,
+    insert_for,
+    int_sum,
+    status_is,
+)
 from .states import MAX_AGE, Status
 
 DAY = timedelta(days=1)
@@ -149,13 +171,27 @@ class Mismatch:
                 "difference": _number(self.difference)}
 
 
+@dataclass(frozen=True)
+class ComparedDay:
+    """One whole UTC day of one customer and meter that was compared (matched or not)."""
+
+    stripe_customer_id: str
+    meter: str
+    day: str
+    formula: str
+    ours: int
+    stripe: float
+
+
 @dataclass
 class Comparison:
-    """What comparing one or more pairs found."""
+    """What comparing one or more pairs found: how many buckets were compared and pending,
+    the mismatches, and every whole day compared (kept, so usage shows Stripe's figure)."""
 
     checked: int = 0
     pending: int = 0
     mismatches: list[Mismatch] = field(default_factory=list)
+    days: list[ComparedDay] = field(default_factory=list)
 
 
 def compare(pair: PairTotals, formula: str, span: Span, stripe: dict[datetime, float], *,
@@ -179,6 +215,9 @@ def compare(pair: PairTotals, formula: str, span: Span, stripe: dict[datetime, f
             into.pending += 1
             continue
         into.checked += 1
+        if span.grouping == "day":
+            into.days.append(ComparedDay(pair.stripe_customer_id, pair.meter,
+                                         start.date().isoformat(), formula, ours, theirs))
         if abs(theirs - ours) > 1e-6 * max(1.0, abs(ours)):
             into.mismatches.append(Mismatch(
                 ", ".join(sorted(pair.tenants)), pair.stripe_customer_id, pair.meter, formula,
@@ -235,8 +274,44 @@ def store_run(engine: Engine, run: RunRecord) -> int:
                 meter=fit(X.meter, m.meter), formula=fit(X.formula, m.formula),
                 start=m.start, end=m.end, local_units=m.local_units,
                 stripe_units=m.stripe_units, difference=m.difference) for m in c.mismatches])
+        keep_days(conn, run_id, c.days, at=run.finished_at or run.started_at)
     run.id = run_id
     return run_id
+
+
+def keep_days(conn: Connection, run_id: int, days: list[ComparedDay], *,
+              at: datetime) -> None:
+    """Keep what a run compared, day by day (replacing an earlier comparison of the same
+    customer, meter and day), and add the months it touched up again from their days."""
+    if not days:
+        return
+    D, M = RECON_DAYS.c, RECON_MONTHS.c  # noqa: N806 - table columns
+    ins = insert_for(conn, RECON_DAYS)
+    rows = [dict(stripe_customer_id=fit(D.stripe_customer_id, d.stripe_customer_id),
+                 meter=d.meter, day=d.day, formula=fit(D.formula, d.formula), ours=d.ours,
+                 stripe=d.stripe, compared_at=at, run_id=run_id) for d in days]
+    conn.execute(ins.on_conflict_do_update(
+        index_elements=[D.stripe_customer_id, D.meter, D.day],
+        set_={c: ins.excluded[c] for c in ("formula", "ours", "stripe", "compared_at",
+                                            "run_id")}), rows)
+    by_month: dict[str, set[tuple[str, str]]] = defaultdict(set)
+    for r in rows:
+        by_month[r["day"][:7]].add((r["stripe_customer_id"], r["meter"]))
+    for month, pairs in sorted(by_month.items()):
+        listed = sorted(pairs)
+        for i in range(0, len(listed), 500):
+            chunk = listed[i:i + 500]
+            conn.execute(delete(RECON_MONTHS).where(
+                M.month == month, tuple_(M.stripe_customer_id, M.meter).in_(chunk)))
+            # The month's days of these pairs: a range of the primary key for each pair.
+            conn.execute(insert(RECON_MONTHS).from_select(
+                ["stripe_customer_id", "meter", "month", "ours", "stripe", "days",
+                 "compared_at"],
+                select(D.stripe_customer_id, D.meter, literal(month), int_sum(D.ours),
+                       func.sum(D.stripe), func.count(), func.max(D.compared_at))
+                .where(tuple_(D.stripe_customer_id, D.meter).in_(chunk),
+                       D.day >= f"{month}-01", D.day <= f"{month}-31")
+                .group_by(D.stripe_customer_id, D.meter)))
 
 
 def last_run_started(conn: Connection, *, trigger: str | None = None) -> datetime | None:

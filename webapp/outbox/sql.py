@@ -50,6 +50,8 @@ from ..models import (
     DrainerHeartbeat,
     OutboxEvent,
     PrunedUsageRollup,
+    ReconciledDay,
+    ReconciledMonth,
     ReconciliationMismatch,
     ReconciliationRun,
     RollupState,
@@ -94,6 +96,8 @@ CUSTOMER_CHECKS = cast(Table, StripeCustomerCheck.__table__)
 SYNC_STATE = cast(Table, SyncState.__table__)
 RECON_RUNS = cast(Table, ReconciliationRun.__table__)
 RECON_MISMATCHES = cast(Table, ReconciliationMismatch.__table__)
+RECON_DAYS = cast(Table, ReconciledDay.__table__)
+RECON_MONTHS = cast(Table, ReconciledMonth.__table__)
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 

@@ -16,11 +16,13 @@ from ..outbox.sql import (
     IDLE_UNSENT,
     TENANTS,
     T,
+    as_utc,
     row_dict,
     sql_str,
     status_in,
     status_is,
 )
+from .compared import compared_columns, compared_for, joined
 from .paging import Cursor, Page, keyset
 from .series import Bucket, sent_by_occurrence_day
 from .usage_sources import USAGE_STATUSES, bytewise, many_rows, per_row
@@ -32,7 +34,9 @@ __all__ = ["USAGE_STATUSES", "Usage", "UsageRow", "month_start", "tenant_detail"
 
 @dataclass
 class UsageRow:
-    """One tenant × meter: events and units by status."""
+    """One tenant × Stripe customer × meter: events and units by status, and what
+    reconciliation compared of the period's days (:mod:`.compared`): Stripe's figure, ours
+    then, how many days, when; ``compared_days`` 0: not compared yet."""
 
     tenant_id: str
     meter: str
@@ -40,6 +44,17 @@ class UsageRow:
     stripe_customer_id: str | None = None
     events: dict[str, int] = field(default_factory=lambda: dict.fromkeys(USAGE_STATUSES, 0))
     quantity: dict[str, int] = field(default_factory=lambda: dict.fromkeys(USAGE_STATUSES, 0))
+    stripe_units: float | None = None
+    compared_units: int | None = None
+    compared_days: int = 0
+    compared_at: datetime | None = None
+
+    @property
+    def difference(self) -> float | None:
+        """Stripe's figure less ours, over the days compared (None: none was)."""
+        if self.stripe_units is None or self.compared_units is None:
+            return None
+        return self.stripe_units - self.compared_units
 
 
 @dataclass(frozen=True)
@@ -81,20 +96,26 @@ def usage_in(conn: Connection, *, start: date, end: date,
         many_rows(conn)
     per = per_row(conn, start, end, tenant_id, in_flight_apart=in_flight_apart).subquery()
     # Fetched whole (one call, not one per row).
-    rows = usage_rows(conn.execute(usage_select(conn, per, statuses)).all(), statuses)
+    rows = usage_rows(conn.execute(usage_select(conn, per, statuses,
+                                                compared_for(conn, start, end))).all(),
+                      statuses)
     return Usage(start, end, rows)
 
 
-def usage_select(conn: Connection, per: Any,
-                 statuses: tuple[str, ...] = USAGE_STATUSES) -> Select[Any]:
+def usage_select(conn: Connection, per: Any, statuses: tuple[str, ...] = USAGE_STATUSES,
+                 compared: Any = None) -> Select[Any]:
     """The columns :func:`usage_rows` reads, in its order, from rows ``per`` of
     :func:`~webapp.read.usage_sources.per_row` (or a stored report's), by tenant, meter,
-    then customer (none first)."""
-    return (select(per.c.tenant_id, per.c.meter, per.c.name, per.c.stripe_customer_id,
-                   *[per.c[f"{s}_events"] for s in statuses],
-                   *[per.c[f"{s}_units"] for s in statuses])
-            .order_by(bytewise(conn, per.c.tenant_id), bytewise(conn, per.c.meter),
-                      func.coalesce(per.c.stripe_customer_id, "")))
+    then customer (none first); with ``compared`` (:func:`~.compared.compared_for`), what
+    was compared of each row after them."""
+    stmt = select(per.c.tenant_id, per.c.meter, per.c.name, per.c.stripe_customer_id,
+                  *[per.c[f"{s}_events"] for s in statuses],
+                  *[per.c[f"{s}_units"] for s in statuses])
+    if compared is not None:
+        stmt = stmt.add_columns(*compared_columns(compared)).select_from(
+            per.outerjoin(compared, joined(per, compared)))
+    return stmt.order_by(bytewise(conn, per.c.tenant_id), bytewise(conn, per.c.meter),
+                         func.coalesce(per.c.stripe_customer_id, ""))
 
 
 def usage_rows(rows: Iterable[Sequence[Any]],
@@ -103,8 +124,18 @@ def usage_rows(rows: Iterable[Sequence[Any]],
     driver hands it: the sums are typed BIGINT, so they are ints already (converting each
     again: every tenant's year 3.77 -> 3.72 s, medians of 3)."""
     n = len(statuses)
+    end = 4 + 2 * n
     return [UsageRow(r[0], r[1], r[2], r[3], dict(zip(statuses, r[4:4 + n], strict=True)),
-                     dict(zip(statuses, r[4 + n:], strict=True))) for r in rows]
+                     dict(zip(statuses, r[4 + n:end], strict=True)),
+                     *_compared(r[end:])) for r in rows]
+
+
+def _compared(cells: Sequence[Any]) -> tuple[float | None, int | None, int, datetime | None]:
+    """A row's :data:`~.compared.COLUMNS` (none read: nothing compared)."""
+    if not cells or cells[2] is None:
+        return None, None, 0, None
+    return (float(cells[0]), int(cells[1]), int(cells[2]),
+            as_utc(cells[3]) if cells[3] is not None else None)
 
 
 def tenants_list(conn: Connection) -> list[dict[str, Any]]:

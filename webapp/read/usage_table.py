@@ -11,7 +11,7 @@ them all) and sends 50 to the browser; no statement carries one parameter per te
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from typing import Any
 
@@ -33,14 +33,17 @@ from sqlalchemy import cast as sql_cast
 from ..db import reading
 from ..outbox.sql import (
     TENANTS,
+    as_utc,
     ascii_icontains,
     int_sum,
 )
+from .compared import COLUMNS as COMPARED
+from .compared import compared_columns, compared_for, joined, meter_totals
 from .counts import Freshness, UnmappedTenant, rollup_freshness
 from .mappings import waiting_for_customer
 from .search import prefix_range
 from .tenants import UsageRow, usage_rows, usage_select
-from .usage_reports import REPORT_ROWS, Report, customer_of, rows_of, shown_report
+from .usage_reports import REPORT_ROWS, Report, customer_of, report_by_id, rows_of, shown_report
 from .usage_sources import (
     USAGE_STATUSES,
     as_stored,
@@ -87,6 +90,9 @@ class UsageTable:
     matching: int             # of those, the rows that match the filter
     period_totals: dict[str, UsageRow]
     matching_totals: dict[str, UsageRow]
+    #: What reconciliation compared of the period, per meter (every customer): Stripe's
+    #: figure, ours then, customer-days (:func:`~.compared.meter_totals`).
+    compared_totals: dict[str, tuple[float, int, int]] = field(default_factory=dict)
 
     @property
     def pages(self) -> int:
@@ -127,13 +133,22 @@ def _filter(u: Any, query: UsageQuery, waiting: Any = None, *,
 
 def _row(m: Any) -> UsageRow:
     """A row of the page's statement as a ``UsageRow`` (a meter's totals row: no tenant,
-    customer or name)."""
+    customer or name), with what was compared of it when the statement read that."""
     r = (UsageRow(m["tenant_id"], m["meter"], m["name"], m["stripe_customer_id"])
          if m["tenant_id"] is not None else UsageRow("", m["meter"] or ""))
     for s in USAGE_STATUSES:
         r.events[s] = int(m[f"{s}_events"] or 0)
         r.quantity[s] = int(m[f"{s}_units"] or 0)
+    if m.get("compared_days"):
+        r.stripe_units, r.compared_units = float(m["stripe_units"]), int(m["compared_units"])
+        r.compared_days, r.compared_at = int(m["compared_days"]), as_utc(m["compared_at"])
     return r
+
+
+def _with_compared(page: Any, compared: Any) -> Any:
+    """A page's rows with what was compared of each (only the page's rows are joined)."""
+    return (select(page, *compared_columns(compared))
+            .select_from(page.outerjoin(compared, joined(page, compared))).subquery())
 
 
 def _by_meter(rows: Any) -> dict[str, UsageRow]:
@@ -206,15 +221,18 @@ def usage_table(conn: Connection, query: UsageQuery) -> UsageTable:
                 .select_from(page.outerjoin(TENANTS, TENANTS.c.tenant_id == as_stored(
                     conn, page.c.tenant_id)))
                 .subquery())
+    compared = compared_for(conn, query.start, query.end)
+    page = _with_compared(page, compared)
     # The page first: its columns' types are the union's (PostgreSQL types the NULLs of the
     # totals' rows from it). The totals: a row per meter.
     blank = [null().label(c) for c in ("stripe_customer_id", "name")]
+    no_comparison = [null().label(c) for c in COMPARED]
     parts = union_all(
         select(page),
         select(literal(0).label("part"), *none, per.c.meter, *blank, func.count().label("n"),
-               *sums).group_by(per.c.meter),
+               *sums, *no_comparison).group_by(per.c.meter),
         select(literal(1).label("part"), *none, per.c.meter, *blank, func.count().label("n"),
-               *sums).where(*where).group_by(per.c.meter),
+               *sums, *no_comparison).where(*where).group_by(per.c.meter),
     ).subquery()
     last = bytewise(conn, parts.c.sort_key) if query.sort == "tenant" else parts.c.sort_key
     got = conn.execute(select(parts).order_by(
@@ -226,7 +244,7 @@ def usage_table(conn: Connection, query: UsageQuery) -> UsageTable:
     rows = [m for m in got if m["part"] == 2]
     return UsageTable(query, [_row(m) for m in rows], sum(int(m["n"]) for m in everything),
                       sum(int(m["n"]) for m in matching), _by_meter(everything),
-                      _by_meter(matching))
+                      _by_meter(matching), meter_totals(conn, query.start, query.end))
 
 
 def report_table(conn: Connection, query: UsageQuery, report: Report) -> UsageTable:
@@ -244,21 +262,25 @@ def report_table(conn: Connection, query: UsageQuery, report: Report) -> UsageTa
     if query.sort != "tenant":
         order.append(r.c.tenant_id.asc())
     order += [r.c.meter.asc(), r.c.stripe_customer_id.asc()]
-    page = conn.execute(
-        select(r.c.tenant_id, r.c.meter, r.c.name, customer_of(r),
-               *[r.c[c] for c in _columns()]).where(*where).order_by(*order)
-        .limit(query.per_page).offset((query.page - 1) * query.per_page)).mappings().all()
+    # The page's rows keep their order through the join: their place in it, numbered.
+    rows = (select(r.c.tenant_id, r.c.meter, r.c.name, customer_of(r),
+                   *[r.c[c] for c in _columns()], func.row_number().over(order_by=order)
+                   .label("place")).where(*where).order_by(*order)
+            .limit(query.per_page).offset((query.page - 1) * query.per_page).subquery())
+    shown = _with_compared(rows, compared_for(conn, query.start, query.end))
+    page = conn.execute(select(shown).order_by(shown.c.place)).mappings().all()
     everything = {m: _row({"tenant_id": None, "meter": m, **t})
                   for m, t in sorted(report.meter_totals.items())}
+    totals = meter_totals(conn, query.start, query.end)
     if not query.filtered():
         return UsageTable(query, [_row(m) for m in page], report.rows, report.rows, everything,
-                          everything)
+                          everything, totals)
     got = conn.execute(select(r.c.meter, func.count().label("n"), *[
         int_sum(r.c[c]).label(c) for c in _columns()]).where(*where)
         .group_by(r.c.meter)).mappings().all()
     matching = _by_meter([{"tenant_id": None, **m} for m in got])
     return UsageTable(query, [_row(m) for m in page], report.rows,
-                      sum(int(m["n"]) for m in got), everything, matching)
+                      sum(int(m["n"]) for m in got), everything, matching, totals)
 
 
 def usage_rows_streamed(engine: Engine, *, start: date, end: date,
@@ -275,7 +297,7 @@ def usage_rows_streamed(engine: Engine, *, start: date, end: date,
         if tenant_id is None:
             many_rows(conn)
         per = per_row(conn, start, end, tenant_id, in_flight_apart=in_flight_apart).subquery()
-        yield from _streamed(conn, per, statuses)
+        yield from _streamed(conn, per, statuses, compared_for(conn, start, end))
 
 
 def report_rows_streamed(engine: Engine, report_id: int) -> Iterator[UsageRow]:
@@ -283,13 +305,18 @@ def report_rows_streamed(engine: Engine, report_id: int) -> Iterator[UsageRow]:
     period's (by tenant then meter, a thousand at a time), with each tenant's name and
     customer as they were when it was prepared."""
     with reading(engine) as conn:
-        yield from _streamed(conn, rows_of(report_id).subquery(), USAGE_STATUSES)
+        report = report_by_id(conn, report_id)
+        compared = (compared_for(conn, report.start, report.end) if report is not None
+                    else None)
+        yield from _streamed(conn, rows_of(report_id).subquery(), USAGE_STATUSES, compared)
 
 
-def _streamed(conn: Connection, per: Any, statuses: tuple[str, ...]) -> Iterator[UsageRow]:
-    """Rows ``per`` by tenant then meter, read and built a thousand at a time."""
+def _streamed(conn: Connection, per: Any, statuses: tuple[str, ...],
+              compared: Any = None) -> Iterator[UsageRow]:
+    """Rows ``per`` by tenant, meter then customer, with what was compared of each (with
+    ``compared``), read and built a thousand at a time."""
     result = conn.execution_options(stream_results=True, yield_per=1000).execute(
-        usage_select(conn, per, statuses))
+        usage_select(conn, per, statuses, compared))
     for part in result.partitions():
         yield from usage_rows(part, statuses)
 

@@ -208,12 +208,20 @@ def usage(start: str | None, end: str | None, tenant: str | None, as_json: bool)
     # document behind.
     first_row = next(found, None)
     rows = itertools.chain([first_row] if first_row is not None else [], found)
-    keys = ["tenant_id", "meter", *(f"{s}_{what}" for s in statuses
-                                    for what in ("events", "units"))]
+    keys = ["tenant_id", "stripe_customer_id", "meter",
+            *(f"{s}_{what}" for s in statuses for what in ("events", "units")),
+            "stripe_units", "compared_units", "compared_days", "compared_at"]
 
     def as_dict(r: UsageRow) -> dict[str, object]:
-        return dict(zip(keys, [r.tenant_id, r.meter, *itertools.chain.from_iterable(
-            (r.events[s], r.quantity[s]) for s in statuses)], strict=True))
+        # Stripe's figure from reconciliation: null where no day of the period was compared.
+        stripe = (None if r.stripe_units is None else
+                  int(r.stripe_units) if float(r.stripe_units).is_integer() else r.stripe_units)
+        return dict(zip(keys, [r.tenant_id, r.stripe_customer_id, r.meter,
+                               *itertools.chain.from_iterable(
+                                   (r.events[s], r.quantity[s]) for s in statuses),
+                               stripe, r.compared_units, r.compared_days,
+                               r.compared_at.isoformat() if r.compared_at else None],
+                        strict=True))
 
     out = sys.stdout
     if as_json:
@@ -228,10 +236,12 @@ def usage(start: str | None, end: str | None, tenant: str | None, as_json: bool)
         out.write("]}\n")
         return
     out.write(f"usage that occurred {first} – {last} (UTC days): events / units\n")
-    out.write("\t".join(["tenant", "meter", *statuses]) + "\n")
+    out.write("\t".join(["tenant", "customer", "meter", *statuses, "stripe"]) + "\n")
     for r in rows:
-        out.write("\t".join([r.tenant_id, r.meter, *(
-            f"{r.events[s]}/{r.quantity[s]}" for s in statuses)]) + "\n")
+        out.write("\t".join([r.tenant_id, r.stripe_customer_id or "-", r.meter, *(
+            f"{r.events[s]}/{r.quantity[s]}" for s in statuses),
+            f"{r.stripe_units:g} ({r.compared_days} days)" if r.stripe_units is not None
+            else "not compared yet"]) + "\n")
 
 
 COMMANDS: list[click.Command] = [tenants, usage]
