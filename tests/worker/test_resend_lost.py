@@ -259,3 +259,56 @@ def test_the_command_sends_again_once_and_refuses_a_partly_held_day(
     bad = cli("reconcile", "resend", "--tenant", "acme", "--meter", "api_requests", "--day",
               "2026-02-30", env=env)
     assert bad.returncode == 2 and "--day" in bad.stderr
+
+
+def test_two_resends_at_once_send_the_day_again_once(
+        engine: Engine, fake: FakeStripe, settings: Any, sent: dict[str, list[int]]) -> None:
+    """Two people (or a double click reaching two processes) at the same moment: the rollup's
+    lock orders them, and the second finds the day already sent again."""
+    import threading
+
+    fake.forget("cus_acme", "api_requests", LOST)
+    run(engine, settings, T0)
+    results: list[Any] = []
+    start = threading.Barrier(2)
+
+    def resend() -> None:
+        start.wait()
+        try:
+            results.append(resend_day(engine, ACME, actor="ops@example.com",
+                                      now=T0 + timedelta(minutes=1)))
+        except OperationError as exc:
+            results.append(exc)
+
+    threads = [threading.Thread(target=resend) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    done = [r for r in results if not isinstance(r, OperationError)]
+    refused = [str(r) for r in results if isinstance(r, OperationError)]
+    assert len(done) == 1 and len(refused) == 1 and refused[0].startswith("Already sent again")
+    with engine.connect() as conn:
+        assert conn.execute(select(A.c.id).where(A.c.action == "resend")).all() == [
+            (done[0].audit_id,)]
+    assert {r.stripe_identifier for r in rows(engine, sent["lost"])} == {
+        f"{r.idempotency_key}~r1" for r in rows(engine, sent["lost"])}
+
+
+def test_a_later_run_of_one_tenant_decides_for_that_tenant(
+        engine: Engine, fake: FakeStripe, settings: Any, sent: dict[str, list[int]]) -> None:
+    """The latest reconciliation that compared the day decides: a run of every tenant, or a
+    later one of the tenant alone; the customer's day as a whole then waits for a run of
+    every tenant."""
+    fake.forget("cus_acme", "api_requests", LOST)
+    run(engine, settings, T0)
+    gateway = gateway_from(settings)
+    assert gateway is not None
+    alone = reconcile(engine, gateway, settings, trigger="cli", tenant_id="acme",
+                      now=T0 + timedelta(minutes=1))
+    assert len(alone.comparison.mismatches) == 1
+    everyone = Bucket("cus_acme", "api_requests", LOST)
+    with reading(engine) as conn:
+        with pytest.raises(OperationError, match=f"run {alone.id}, of tenant acme only"):
+            plan_day(conn, everyone, now=T0 + timedelta(minutes=2))
+        assert plan_day(conn, ACME, now=T0 + timedelta(minutes=2)).finding.run_id == alone.id

@@ -25,7 +25,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import Connection, Engine, bindparam, func, select
+from sqlalchemy import Connection, Engine, bindparam, select
 from sqlalchemy import update as sa_update
 
 from ..audit import write_audit
@@ -289,22 +289,19 @@ def _apply(conn: Connection, mark: Mark, plan: ResendPlan, *, actor: str,
     # the finding was about that customer's meter, whatever the tenant is mapped to now (a
     # requeue after a rejection re-reads the mapping, since its fix is usually a new mapping;
     # nothing was wrong with this one's).
-    conn.execute(sa_update(T).where(
-        T.c.id == bindparam("event_id"), T.c.status == Status.SENT.value,
+    moved = conn.execute(sa_update(T).where(
+        id_in(conn, T.c.id, plan.ids), T.c.status == Status.SENT.value,
         T.c.sent_at < plan.finding.compared_at).values(
-        status=Status.PENDING.value, stripe_identifier=bindparam("identifier"),
-        identifier_generation=bindparam("generation"), attempt_count=0, call_count=0,
-        key_generation=0, next_attempt_at=now, first_attempt_at=None, first_unknown_at=None,
-        sent_at=None, claim_token=None, processing_deadline_at=None, updated_at=now),
-        [{"event_id": e.id, "identifier": e.new_identifier, "generation": e.generation}
-         for e in plan.events])
-    # Every one of them was sent when planned, under the rollup's lock that every move out
-    # of sent takes: each is pending now, or the whole resend is undone.
-    changed = conn.execute(select(func.count()).where(
-        id_in(conn, T.c.id, plan.ids), T.c.status == Status.PENDING.value)).scalar_one()
-    if changed != len(plan.events):
+        status=Status.PENDING.value, attempt_count=0, call_count=0, key_generation=0,
+        next_attempt_at=now, first_attempt_at=None, first_unknown_at=None, sent_at=None,
+        claim_token=None, processing_deadline_at=None, updated_at=now)).rowcount
+    if moved != len(plan.events):
         raise OperationError("Some of these events changed while they were being sent again; "
                              "nothing was done. Look again.")
+    conn.execute(sa_update(T).where(T.c.id == bindparam("event_id")).values(
+        stripe_identifier=bindparam("identifier"), identifier_generation=bindparam("generation")),
+        [{"event_id": e.id, "identifier": e.new_identifier, "generation": e.generation}
+         for e in plan.events])
     unfold_sent(conn, mark, plan.events)
     return write_audit(conn, actor=actor, action=ACTION, event_ids=plan.ids,
                        reason_code="stripe_holds_none" if plan.finding.held is Held.NONE
