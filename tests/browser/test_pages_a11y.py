@@ -88,6 +88,12 @@ PAGES: tuple[Page, ...] = (
     Page("rejected", "/rejected", ("rejected.index",)),
     Page("rejected-requeue-all", "/rejected/requeue-all", ("rejected.requeue_all_preview",)),
     Page("reconciliation", "/reconciliation", ("reconciliation.index",)),
+    Page("reconciliation-lost-day", "/reconciliation/mismatches/{lost}",
+         ("reconciliation.day",)),
+    Page("reconciliation-resend", "/reconciliation/mismatches/{lost}/resend",
+         ("reconciliation.resend_confirm",)),
+    Page("reconciliation-part-of-a-day", "/reconciliation/mismatches/{part}",
+         ("reconciliation.day",)),
     Page("stripe", "/stripe", ("stripe_side.index",)),
     Page("audit", "/audit", ("audit.index",)),
     Page("users", "/users", ("users.index",)),
@@ -129,8 +135,8 @@ class Site:
 
 def _seed(engine: Any) -> dict[str, int]:
     """Every kind of row, plus an event Stripe already had (the duplicate-identifier answer),
-    one retrying after an unknown outcome, a resolved one with its audit entry, users, and
-    sending paused."""
+    one retrying after an unknown outcome, a resolved one with its audit entry, a day Stripe
+    lost and one it holds part of, users, and sending paused."""
     from support.seed import Seed
 
     now = utcnow()
@@ -152,6 +158,8 @@ def _seed(engine: Any) -> dict[str, int]:
                           stripe_customer_id="cus_globex")
     seed.attempt(retrying, outcome="unknown", http_status=502, error_class="APIError",
                  error_message="Bad gateway")
+    lost = seed.lost_day(now)
+    part = seed.lost_day(now, stripe_units=4, tenant="globex")
     rejected = seed.event(status="rejected", rejected_at=now,
                           reject_code="meter_event_no_customer_defined",
                           reject_message="Missing customer mapping", sent_at=now)
@@ -164,7 +172,7 @@ def _seed(engine: Any) -> dict[str, int]:
     pause(engine, actor=ADMIN, reason="Stripe incident INC-311: holding until it is resolved",
           now=now)
     return {"dead": ids["event_id"], "duplicate": dup, "retrying": retrying,
-            "rejected": rejected}
+            "rejected": rejected, "lost": lost, "part": part}
 
 
 @pytest.fixture(scope="module")

@@ -301,6 +301,7 @@ EXPECTED_EDGES = {
     ("dead", Move.RESOLVE): {"resolved"},
     ("sent", Move.REJECT): {"rejected"},
     ("sent", Move.CANCEL): {"cancelled"},
+    ("sent", Move.RESEND): {"pending"},
     ("rejected", Move.REQUEUE): {"pending"},
     ("rejected", Move.RESOLVE): {"resolved"},
 }

@@ -117,6 +117,30 @@ class Seed:
                 end=now - timedelta(days=1), local_units=7, stripe_units=47.0,
                 difference=40.0))
 
+    def lost_day(self, now: Any, *, stripe_units: float = 0.0, tenant: str = "acme") -> int:
+        """A tenant's api_requests two days ago (three sent events: 4, 5 and 6 units, billed
+        to ``cus_<tenant>``) and a reconciliation of that tenant that compared the day at
+        ``now`` (the latest, with any other run started then) and found Stripe holding
+        ``stripe_units`` of the 15 (none by default); the mismatch's id."""
+        from webapp.models import ReconciliationMismatch, ReconciliationRun
+
+        day = now.replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=2)
+        for i, units in enumerate((4, 5, 6)):
+            self.event(status="sent", quantity=units, stripe_customer_id=f"cus_{tenant}",
+                       tenant_id=tenant, occurred_at=day + timedelta(hours=10, minutes=i),
+                       sent_at=now - timedelta(hours=3), now=now - timedelta(hours=3))
+        with self.engine.begin() as conn:
+            run_id = conn.execute(insert(ReconciliationRun.__table__).values(
+                started_at=now, finished_at=now,
+                since=day - timedelta(days=30), until=day + timedelta(days=2), trigger="cli",
+                tenant_id=tenant, buckets_checked=1, pending=0, mismatches=1, calls=1, ok=True,
+                errors="[]", notes="[]").returning(ReconciliationRun.__table__.c.id)).scalar_one()
+            return int(conn.execute(insert(ReconciliationMismatch.__table__).values(
+                run_id=run_id, tenant_id=tenant, stripe_customer_id=f"cus_{tenant}",
+                meter="api_requests", formula="sum", start=day, end=day + timedelta(days=1),
+                local_units=15, stripe_units=stripe_units, difference=stripe_units - 15)
+                .returning(ReconciliationMismatch.__table__.c.id)).scalar_one())
+
     def get(self, event_id: int) -> Any:
         with self.engine.connect() as conn:
             return conn.execute(select(T).where(T.c.id == event_id)).one()

@@ -4,6 +4,7 @@ window — each as STRIPE.md describes Stripe, since the product's tests rest on
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -157,6 +158,35 @@ def test_summaries_by_day_and_hour_align_count_and_paginate(
     clock.now += 31
     assert summaries(client, fake, "cus_A", MIDNIGHT, MIDNIGHT + DAY, "day") == [
         (MIDNIGHT, 107.0)]
+
+
+def test_a_forgotten_day_counts_nothing_or_part_and_keeps_its_identifiers(
+        fake: FakeStripe, client: Any) -> None:
+    """``forget`` makes Stripe lose a customer's day of a meter (also from another process):
+    its summaries count none of it, or the first ``keep`` events received; the identifiers
+    stay taken; what is accepted later counts; other days and customers are untouched."""
+    import requests
+
+    for i, value in enumerate((5, 3, 2)):
+        send(client, params(f"f{i}", value=str(value), timestamp=MIDNIGHT + 60 + i), f"kf{i}")
+    send(client, params("next-day", value="7", timestamp=MIDNIGHT + DAY + 60), "kf-next")
+    send(client, params("other", customer="cus_B", value="4", timestamp=MIDNIGHT + 60), "kf-b")
+    day = time.strftime("%Y-%m-%d", time.gmtime(MIDNIGHT))
+    assert fake.forget("cus_A", "api_requests", day, keep=1) == 2
+
+    def by_day(customer: str = "cus_A") -> list[tuple[int, float]]:
+        return summaries(client, fake, customer, MIDNIGHT, MIDNIGHT + 2 * DAY, "day")
+
+    assert by_day() == [(MIDNIGHT, 5.0), (MIDNIGHT + DAY, 7.0)]        # the first one kept
+    done = requests.post(f"{fake.base_url}/_fake/forget", timeout=5, json={
+        "customer": "cus_A", "event_name": "api_requests", "day": day})
+    assert done.status_code == 200 and done.json() == {"forgotten": 1}
+    assert by_day() == [(MIDNIGHT + DAY, 7.0)]                          # none of that day
+    assert by_day("cus_B") == [(MIDNIGHT, 4.0)]
+    with pytest.raises(stripe.InvalidRequestError, match="already exists"):
+        send(client, params("f0", value="5", timestamp=MIDNIGHT + 60), "kf0-again")
+    send(client, params("f0~r1", value="5", timestamp=MIDNIGHT + 60), "kf0-new")
+    assert by_day() == [(MIDNIGHT, 5.0), (MIDNIGHT + DAY, 7.0)]
 
 
 def test_adjustments_cancel_within_24_hours_only(fake: FakeStripe, client: Any,

@@ -354,8 +354,13 @@ def sqlite_env(sqlite_url: str) -> dict[str, str]:
     (("resolve", "1", "--reason", "because", "--note", "x"), ("--reason",), None),
     (("requeue", "999999"), ("no such event",), 1),
     (("users", "create", "e@f.co", "--role", "root", "--password-stdin"), ("--role",), None),
+    (("reconcile", "resend", "--tenant", "acme", "--meter", "api_requests", "--day",
+      "2026-01-31"), ("No event of tenant acme for api_requests on 2026-01-31",), 1),
+    (("reconcile", "resend", "--tenant", "acme", "--meter", "api_requests", "--day",
+      "31/01/2026"), ("--day",), None),
 ], ids=["schema-missing", "quantity-not-int", "quantity-zero", "naive-time",
-        "resolve-no-note", "resolve-bad-reason", "requeue-unknown-id", "bad-role"])
+        "resolve-no-note", "resolve-bad-reason", "requeue-unknown-id", "bad-role",
+        "resend-nothing-sent", "resend-bad-day"])
 def test_refusals_are_one_line(sqlite_env: dict[str, str], tmp_path: Path, args: tuple[str, ...],
                                needles: tuple[str, ...], code: int | None) -> None:
     env = sqlite_env
@@ -363,7 +368,8 @@ def test_refusals_are_one_line(sqlite_env: dict[str, str], tmp_path: Path, args:
         env = worker_env(f"sqlite:///{tmp_path / 'never-migrated.sqlite3'}")
     result = cli(*args, env=env, input="a long enough password\n")
     one_line_error(result, *needles, code=code)
-    if args[0] in ("enqueue", "resolve", "requeue", "tenants", "users") and env is sqlite_env:
+    if args[0] in ("enqueue", "resolve", "requeue", "tenants", "users", "reconcile") and \
+            env is sqlite_env:
         engine = make_engine(env["DATABASE_URL"])
         try:
             with engine.connect() as conn:

@@ -8,13 +8,13 @@ import pytest
 from webapp.outbox.control import pause_state
 
 from .conftest import csrf_of
-from .test_roles import actions
+from .test_roles import actions, seeded
 
 
 @pytest.mark.parametrize("token", [None, "", "wrong-token", "other-session"])
 def test_missing_or_wrong_token_is_400_and_changes_nothing(token, client_as, seed,
                                                            users) -> None:
-    ids = {"dead": seed.event(status="dead"), "sent": seed.event(status="sent")}
+    ids = seeded(seed)
     client = client_as("admin")
     if token == "other-session":
         token = csrf_of(client_as("admin"))

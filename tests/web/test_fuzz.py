@@ -63,11 +63,13 @@ ID_SENTINEL, TENANT_SENTINEL = 424242424242, "tenant-sentinel"
 
 
 def seed_rows(seed: Any, engine: Engine) -> dict[str, Any]:
-    """A bit of every kind of row, so pages, filters and actions take their real paths."""
+    """A bit of every kind of row (and a day Stripe lost), so pages, filters and actions take
+    their real paths."""
     now = utcnow()
     rows = seed_every_kind(seed, now)
     spare = create_user(engine, "spare@example.com", PASSWORD, "viewer", now=now)
-    return {**rows, "sent_id": rows["sent"], "user_id": spare}
+    return {**rows, "sent_id": rows["sent"], "user_id": spare,
+            "mismatch_id": seed.lost_day(now)}
 
 
 class Session:
@@ -98,7 +100,8 @@ def path_cases(rule: Any, sample: dict[str, Any]) -> Iterator[tuple[str, str, st
             values[arg] = ID_SENTINEL
     template = rule.build(values, append_unknown=False)[1]
     real = {"tenant_id": sample["tenant_id"], "user_id": sample["user_id"],
-            "event_id": sample["sent_id"] if "cancel" in rule.endpoint else sample["event_id"]}
+            "event_id": sample["sent_id"] if "cancel" in rule.endpoint else sample["event_id"],
+            "mismatch_id": sample["mismatch_id"]}
     valid = template
     for arg in rule.arguments:
         sentinel = TENANT_SENTINEL if arg == "tenant_id" else str(ID_SENTINEL)

@@ -61,7 +61,7 @@ def test_an_operator_requeues_a_rejected_event_under_a_new_identifier(client_as:
     assert (r.status, r.stripe_identifier, r.stripe_customer_id) == ("pending", "usage:7~r1",
                                                                      None)
     page = client.get(f"/events/{eid}").get_data(as_text=True)
-    assert "usage:7~r1" in page and "a new one after requeue 1" in page
+    assert "usage:7~r1" in page and "new identifier no. 1, after Stripe rejected" in page
 
 
 def test_requeue_all_rejected_of_one_reason_acts_on_the_preview(client_as: Any,

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from webapp.models import utcnow
 from webapp.users import ROLE_RANK
 
 from .conftest import csrf_of
@@ -29,7 +30,15 @@ PAGES = [
     ("/events", "viewer"), ("/events?status=dead&attempts=1", "viewer"),
     ("/events.csv", "viewer"), ("/events.csv?status=dead", "viewer"),
     ("/search", "viewer"), ("/search?q=key-", "viewer"),
+    ("/reconciliation/mismatches/{mismatch}", "viewer"),
+    ("/reconciliation/mismatches/{mismatch}/resend", "operator"),
 ]
+
+
+def seeded(seed: Any) -> dict[str, int]:
+    """A dead event, a sent one, and a day reconciliation found Stripe holding none of."""
+    return {"dead": seed.event(status="dead"), "sent": seed.event(status="sent"),
+            "mismatch": seed.lost_day(utcnow())}
 
 
 def actions(ids: dict[str, int], users: dict[str, str]) -> list[tuple[str, dict[str, Any], str]]:
@@ -50,6 +59,7 @@ def actions(ids: dict[str, int], users: dict[str, str]) -> list[tuple[str, dict[
         ("/reconciliation/run", {}, "operator"),
         (f"/events/{ids['sent']}/cancel", {"reason": "other", "note": "x", "confirm": "yes"},
          "operator"),
+        (f"/reconciliation/mismatches/{ids['mismatch']}/resend", {"snapshot": "x"}, "operator"),
     ]
 
 
@@ -59,7 +69,7 @@ def allowed(role: str, needed: str) -> bool:
 
 @pytest.mark.parametrize("role", [None, "viewer", "operator", "admin"])
 def test_every_page(role: str | None, client_as, seed) -> None:
-    ids = {"dead": seed.event(status="dead"), "sent": seed.event(status="sent")}
+    ids = seeded(seed)
     client = client_as(role)
     for path, needed in PAGES:
         path = path.format(**ids)
@@ -76,7 +86,7 @@ def test_every_page(role: str | None, client_as, seed) -> None:
 @pytest.mark.parametrize("role", ["viewer", "operator", "admin"])
 def test_every_action_refused_below_its_role_changes_nothing(role: str, client_as, seed,
                                                              users) -> None:
-    ids = {"dead": seed.event(status="dead"), "sent": seed.event(status="sent")}
+    ids = seeded(seed)
     client = client_as(role)
     token = csrf_of(client)
     refused = [(p, f) for p, f, needed in actions(ids, users) if not allowed(role, needed)]
@@ -90,7 +100,7 @@ def test_every_action_refused_below_its_role_changes_nothing(role: str, client_a
 
 
 def test_anonymous_actions_change_nothing(client_as, seed, users) -> None:
-    ids = {"dead": seed.event(status="dead"), "sent": seed.event(status="sent")}
+    ids = seeded(seed)
     client = client_as(None)
     token = csrf_of(client, "/login")
     for path, form, _needed in actions(ids, users):

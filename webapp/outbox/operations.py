@@ -226,11 +226,8 @@ def _requeue_rejected(conn: Connection, rows: list[Any], now: datetime) -> int:
     """Each under an identifier of its own that no event goes by yet."""
     changed = 0
     for r in rows:
-        generation = int(r.identifier_generation) + 1
-        identifier = requeue_identifier(r.idempotency_key, generation)
-        while _identifier_taken(conn, identifier):
-            generation += 1
-            identifier = requeue_identifier(r.idempotency_key, generation)
+        identifier, generation = fresh_identifier(conn, r.idempotency_key,
+                                                  int(r.identifier_generation) + 1)
         done = conn.execute(sa_update(T).where(T.c.id == r.id,
                                                T.c.status == Status.REJECTED.value).values(
             status=Status.PENDING.value, stripe_identifier=identifier,
@@ -244,10 +241,17 @@ def _requeue_rejected(conn: Connection, rows: list[Any], now: datetime) -> int:
     return changed
 
 
-def _identifier_taken(conn: Connection, identifier: str) -> bool:
-    return conn.execute(select(T.c.id).where(
-        (T.c.idempotency_key == identifier) | (T.c.stripe_identifier == identifier))
-        .limit(1)).first() is not None
+def fresh_identifier(conn: Connection, key: str, generation: int) -> tuple[str, int]:
+    """The first identifier from ``generation`` on (:func:`~.states.requeue_identifier` of
+    ``key``) that no event goes by yet, as its key or its Stripe identifier; and its
+    generation. A read: the caller writes it in the same transaction."""
+    identifier = requeue_identifier(key, generation)
+    while conn.execute(select(T.c.id).where(
+            (T.c.idempotency_key == identifier) | (T.c.stripe_identifier == identifier))
+            .limit(1)).first() is not None:
+        generation += 1
+        identifier = requeue_identifier(key, generation)
+    return identifier, generation
 
 
 def _check_reason(reason: str, note: str | None, verb: str) -> None:

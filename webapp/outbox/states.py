@@ -13,7 +13,8 @@ Statuses, and what moves an event out of each:
                 deadline passed → the rescuer returns it to pending/retrying.
 ``sent``        Stripe accepted it (200, or the duplicate-identifier 400). Accepted is not
                 billed: Stripe's error report → ``rejected``; a person's cancel within
-                Stripe's 24 hours → ``cancelled``.
+                Stripe's 24 hours → ``cancelled``; a person's resend of a day reconciliation
+                found Stripe holding none of (``webapp.outbox.resend``) → ``pending``.
 ``dead``        a person must decide: permanent error, retries exhausted, or the outcome is
                 unknown past Stripe's dedupe window. requeue → pending; resolve → resolved.
 ``rejected``    Stripe accepted the call, then reported the event invalid: nothing billed. A
@@ -238,6 +239,7 @@ class Move(StrEnum):
     RESOLVE = "resolve"      # a person closes it with a reason
     REJECT = "reject"        # Stripe's error report names it (the events poll, the webhook)
     CANCEL = "cancel"        # a person cancels it at Stripe (a meter event adjustment)
+    RESEND = "resend"        # a person sends again what Stripe lost (a new identifier)
 
 
 @dataclass(frozen=True)
@@ -263,6 +265,7 @@ EDGES: tuple[Edge, ...] = (
     Edge(Status.DEAD.value, Move.RESOLVE, Status.RESOLVED.value),
     Edge(Status.SENT.value, Move.REJECT, Status.REJECTED.value),
     Edge(Status.SENT.value, Move.CANCEL, Status.CANCELLED.value),
+    Edge(Status.SENT.value, Move.RESEND, _P),
     Edge(Status.REJECTED.value, Move.REQUEUE, _P),
     Edge(Status.REJECTED.value, Move.RESOLVE, Status.RESOLVED.value),
 )

@@ -1,5 +1,5 @@
-"""What became of the events a bulk action touched (a requeue, a resolve): the events list's
-tracking summary, read by the audit entries the action wrote."""
+"""What became of the events a bulk action touched (a requeue, a resend, a resolve): the
+events list's tracking summary, read by the audit entries the action wrote."""
 
 from __future__ import annotations
 
@@ -39,6 +39,14 @@ class Tracking:
     @property
     def requeue(self) -> bool:
         return "requeue" in self.action
+
+    @property
+    def verb(self) -> str:
+        """What the action did, for the summary: ``requeued``, ``sent again`` (a resend of
+        what Stripe lost), or the action's own name."""
+        if self.requeue:
+            return "requeued"
+        return "sent again" if self.action == "resend" else self.action.replace("_", " ")
 
 
 def tracking(engine: Engine, audit_ids: tuple[int, ...]) -> Tracking | None:

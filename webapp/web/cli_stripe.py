@@ -1,5 +1,6 @@
 """The commands that ask Stripe what became of what it accepted: ``stripe-events poll``,
-``reconcile`` and ``cancel``. Thin, like the others: parse, call one function, print."""
+``reconcile`` (and ``reconcile resend``) and ``cancel``. Thin, like the others: parse, call
+one function, print."""
 
 from __future__ import annotations
 
@@ -72,14 +73,18 @@ def stripe_events_poll() -> None:
     click.echo(json.dumps(summary.as_dict()))
 
 
-@click.command("reconcile")
+@click.group("reconcile", invoke_without_command=True)
 @click.option("--since", default=None, help="ISO 8601 with a zone; default: 35 days ago.")
 @click.option("--until", default=None, help="ISO 8601 with a zone; default: now.")
 @click.option("--tenant", default=None, help="Only this tenant's customer and meters.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def reconcile(since: str | None, until: str | None, tenant: str | None,
+@click.pass_context
+def reconcile(ctx: click.Context, since: str | None, until: str | None, tenant: str | None,
               as_json: bool) -> None:
-    """Compare the units sent with Stripe's meter event summaries, per UTC day."""
+    """Compare the units sent with Stripe's meter event summaries, per UTC day. ``reconcile
+    resend`` sends again a day Stripe was found to hold none of."""
+    if ctx.invoked_subcommand is not None:
+        return
     from ..worker import reconcile as run_reconcile
 
     svc, gateway = _svc(), _gateway()
@@ -104,6 +109,53 @@ def reconcile(since: str | None, until: str | None, tenant: str | None,
             click.echo(f"  note: {note}")
     if run.errors:
         raise StripeUnreachable("; ".join(run.errors))
+
+
+@reconcile.command("resend", short_help="Send again a day Stripe holds none of.")
+@click.option("--tenant", required=True)
+@click.option("--meter", required=True)
+@click.option("--day", required=True, type=click.DateTime(["%Y-%m-%d"]), help="YYYY-MM-DD (UTC).")
+@click.option("--customer", default=None,
+              help="The Stripe customer, when the tenant's events of that day went to several.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--dry-run", is_flag=True, help="Show what would be sent again; change nothing.")
+def reconcile_resend(tenant: str, meter: str, day: datetime, customer: str | None,
+                     as_json: bool, dry_run: bool) -> None:
+    """Send a tenant's events of a meter on a UTC day again, under new identifiers, where the
+    latest reconciliation that compared that day found Stripe holding none of it (audited).
+    Where Stripe holds part of it, nothing is sent: a person chooses the events on the
+    Reconciliation page. A day sent again once is not sent again."""
+    from ..db import reading
+    from ..outbox.findings import bucket_for
+    from ..outbox.resend import plan_day, resend_day
+
+    svc = _svc()
+    with reading(svc.engine) as conn:
+        bucket = bucket_for(conn, tenant, meter, day.date(), customer)
+        plan = plan_day(conn, bucket, now=svc.clock()) if dry_run else None
+    audit_id = None
+    if plan is None:
+        done = resend_day(svc.engine, bucket, actor=_actor(), now=svc.clock())
+        plan, audit_id = done.plan, done.audit_id
+    if as_json:
+        click.echo(json.dumps({
+            "dry_run": dry_run, "tenant_id": tenant,
+            "stripe_customer_id": bucket.stripe_customer_id, "meter": meter,
+            "day": bucket.day.isoformat(), "run_id": plan.finding.run_id,
+            "count": len(plan.events), "units": plan.units, "audit_id": audit_id,
+            "events": [{"id": e.id, "quantity": e.quantity, "identifier": e.identifier,
+                        "new_identifier": e.new_identifier} for e in plan.events]}))
+        return
+    verb = "would send again" if dry_run else "sent again"
+    click.echo(f"{verb} {len(plan.events)} event(s), {plan.units:,} units of {bucket.words()}, "
+               f"under new identifiers (reconciliation run {plan.finding.run_id} found Stripe "
+               "holding none of that day, so this cannot bill twice)")
+    for e in plan.events:
+        click.echo(f"  {e.id}: {e.quantity:,} units, {e.identifier} -> {e.new_identifier}")
+    if dry_run:
+        click.echo("dry run: nothing changed")
+    else:
+        click.echo(f"audit entry {audit_id}; the worker sends them with the next drain")
 
 
 @click.command("cancel", short_help="Cancel sent events at Stripe, within 24 hours.",

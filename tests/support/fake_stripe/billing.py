@@ -4,7 +4,8 @@
 eventually consistent when ``summary_delay`` is set), and
 ``POST /v1/billing/meter_event_adjustments`` (``type=cancel``, within 24 hours; answered with a
 ``billing.meter_event_adjustment`` whose ``status`` is ``pending`` unless a test says
-otherwise, and no ``id``, as the v1 object documents none)."""
+otherwise, and no ``id``, as the v1 object documents none). A test can make the summaries lose
+a customer's day (:meth:`BillingMixin.forget`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import threading
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, date, datetime
 from typing import Any
 from urllib.parse import parse_qs, parse_qsl
 
@@ -99,6 +101,23 @@ class BillingMixin:
             usage = Usage(customer, event_name, int(timestamp), float(value))
             self._usage.append(usage)
             self._by_pair[(event_name, customer)].append(usage)
+
+    def forget(self, customer: str, event_name: str, day: date | str, *, keep: int = 0) -> int:
+        """Stripe loses what it accepted for ``customer`` on ``event_name``'s meter on the UTC
+        ``day`` (a date, or ``YYYY-MM-DD``): its summaries then count none of those events
+        but the first ``keep`` received (part of the day). Their identifiers stay taken, so
+        the same identifier sent again is still answered "already exists"; events accepted
+        later count as usual. Stripe documents no such loss: this is the fault that
+        reconciliation exists to find. Returns how many events were forgotten."""
+        when = day if isinstance(day, date) else date.fromisoformat(day)
+        start = int(datetime(when.year, when.month, when.day, tzinfo=UTC).timestamp())
+        with self._lock:
+            those = sorted((e for e in self._by_pair.get((event_name, customer), ())
+                            if isinstance(e, AcceptedEvent) and start <= e.timestamp < start + DAY
+                            and not e.lost), key=lambda e: e.received_at)
+            for e in those[keep:]:
+                e.lost = True
+            return len(those[keep:])
 
     def answer_adjustments(self, *, status: str = "pending", ids: bool | str = False) -> None:
         """How adjustments are answered from now until :meth:`reset`: with ``status``
@@ -196,7 +215,7 @@ class BillingMixin:
                 continue
             if isinstance(e, Usage):
                 points.append((e.timestamp, e.value))
-            elif e.valid and not e.cancelled and e.received_at <= cutoff:
+            elif e.valid and not e.cancelled and not e.lost and e.received_at <= cutoff:
                 points.append((e.timestamp, float(e.value)))
         buckets: dict[int, list[tuple[int, float]]] = defaultdict(list)
         for ts, value in points:

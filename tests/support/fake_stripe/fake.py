@@ -41,13 +41,14 @@ idempotency key still held, then the response is saved under the key and written
 Stripe's checks after its 200 (an unknown customer, a payload without the meter's keys) are
 queued and reported by :meth:`FakeStripe.flush_reports` (or every ``report_every`` seconds),
 one ``v1.billing.meter.error_report_triggered`` event per meter with at most
-``sample_limit`` samples per code. Summaries count valid, uncancelled events (and
-:meth:`FakeStripe.add_usage`); identifier dedupe lasts ``dedupe_seconds`` (None: for ever).
+``sample_limit`` samples per code. Summaries count valid, uncancelled events that a test
+has not made Stripe lose (:meth:`FakeStripe.forget`), and :meth:`FakeStripe.add_usage`;
+identifier dedupe lasts ``dedupe_seconds`` (None: for ever).
 
 Run as a process (``python -m tests.support.fake_stripe --port 12111``) it prints
 ``READY http://127.0.0.1:PORT`` and serves until SIGTERM; the ``/_fake/`` control endpoints
 (``GET state``; ``POST faults``, ``fail_next``, ``latency``, ``reset``, ``meters``,
-``auth_failure``, ``stripe_customers``, each taking a JSON object) let another process
+``auth_failure``, ``stripe_customers``, ``forget``, each taking a JSON object) let another process
 drive it. They need no auth, are served in-process too, and are not counted as calls.
 
 A call counts as in flight for its lane from right after its body is parsed until just before
@@ -555,6 +556,10 @@ class FakeStripe(FaultsMixin, MeterEventsMixin, StreamMixin, BillingMixin, Custo
                 return Response(200, to_json({"event": self.report_errors([AsyncError(
                     str(args["event_name"]), str(args["code"]), str(args["message"]),
                     str(args["identifier"]))])}))
+            elif name == "forget":
+                return Response(200, to_json({"forgotten": self.forget(
+                    str(args["customer"]), str(args["event_name"]), str(args["day"]),
+                    keep=int(args.get("keep", 0)))}))
             elif name == "delete_customer":
                 self.delete_customer(str(args["id"]))
             else:

@@ -50,6 +50,9 @@ class AcceptedEvent:
     #: False once Stripe's checks after the 200 found it invalid (an error was queued).
     valid: bool = True
     cancelled: bool = False
+    #: True once a test made Stripe lose it (:meth:`BillingMixin.forget`): summaries leave it
+    #: out, its identifier stays taken.
+    lost: bool = False
 
 
 @dataclass
