@@ -137,15 +137,20 @@ def test_page_and_csv_show_the_same_numbers(client_as, engine, usage_data, now) 
     assert by_key[("acme", "api_requests")]["Stripe customer"] == "cus_acme"
 
     # The file's columns are the screen's, in its order (the tenant's name, shown under its
-    # id on the screen, has a column of its own in the file).
+    # id on the screen, has a column of its own in the file; when and over how many days
+    # Stripe's figure was compared, in its cells' titles on the screen, close the file).
     head = html.split('id="usage-table"', 1)[1].split("</thead>", 1)[0]
     first_row, second_row = head.split("</tr>")[:2]
-    fixed = re.findall(r'rowspan="2"[^>]*>([^<]+)<', first_row)
-    groups = re.findall(r'colspan="2"[^>]*>([^<]+)<', first_row)
-    subs = re.findall(r'class="num sub">([^<]+)<', second_row)
-    screen = fixed + [f"{g} {sub}" for i, g in enumerate(groups) for sub in subs[2 * i:2 * i + 2]]
-    assert screen[:3] == ["Tenant", "Stripe customer", "Meter"]
-    assert [c for c in header if c != "Tenant name"] == screen
+    subs = iter(re.findall(r'class="num sub">([^<]+)<', second_row))
+    screen = []
+    for span, text in re.findall(r'(rowspan|colspan)="2"[^>]*>([^<]+)<', first_row):
+        screen += [text] if span == "rowspan" else [f"{text} {next(subs)}", f"{text} {next(subs)}"]
+    assert screen[:6] == ["Tenant", "Meter", "sent units", "sent events", "Stripe units",
+                          "Stripe difference"]
+    extras = ["Stripe compared days", "Stripe compared at (UTC)",
+              "our units on the compared days"]
+    assert header[-3:] == extras
+    assert [c for c in header if c != "Tenant name" and c not in extras] == screen
     assert header[1] == "Tenant name"
 
     # A totals row per meter: the sum of that meter's rows, and the screen's totals.
@@ -153,7 +158,7 @@ def test_page_and_csv_show_the_same_numbers(client_as, engine, usage_data, now) 
     for meter, total in totals.items():
         screen_row = re.search(rf'<tr class="period-total" data-meter="{meter}">(.*?)</tr>',
                                html, re.S).group(1)
-        for col in header[4:]:
+        for col in [c for c in header if c.split(" ")[0] in reads.USAGE_STATUSES]:
             assert int(total[col]) == sum(int(r[col]) for r in rows if r["Meter"] == meter)
             status, what = col.split(" ")
             shown_cell = re.search(rf'data-col="total_{status}_'

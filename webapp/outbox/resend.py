@@ -87,6 +87,8 @@ class Resend:
     identifier: str
     new_identifier: str
     generation: int
+    #: The customer it went to, and goes to again (the sent rollup's key).
+    stripe_customer_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -118,7 +120,8 @@ class ResendPlan:
 
 
 _COLUMNS = (T.c.id, T.c.tenant_id, T.c.meter, T.c.status, T.c.quantity, T.c.occurred_at,
-            T.c.sent_at, T.c.idempotency_key, T.c.identifier_generation, SENT_AS)
+            T.c.sent_at, T.c.idempotency_key, T.c.identifier_generation, SENT_AS,
+            T.c.stripe_customer_id)
 
 
 def compared_events(conn: Connection, bucket: Bucket, found: Finding) -> list[Any]:
@@ -164,7 +167,7 @@ def _plan(conn: Connection, bucket: Bucket, found: Finding, rows: Sequence[Any],
         occurred, sent = as_utc(r.occurred_at), as_utc(r.sent_at)
         assert occurred is not None and sent is not None
         events.append(Resend(int(r.id), r.tenant_id, r.meter, int(r.quantity), occurred, sent,
-                             r.sent_as, identifier, generation))
+                             r.sent_as, identifier, generation, r.stripe_customer_id))
     return ResendPlan(bucket, found, events, chosen)
 
 

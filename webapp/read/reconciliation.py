@@ -60,7 +60,10 @@ class ReconciliationPage:
     def running_person(self) -> str | None:
         """The person who started the run in progress from the dashboard, if one did."""
         by = self.running_by or ""
-        return by.removeprefix("button:") if by.startswith("button:") else None
+        for started_from in ("button:", "check:"):
+            if by.startswith(started_from):
+                return by.removeprefix(started_from)
+        return None
 
 
 def reconciliation_page(engine: Engine, *, now: datetime, run_id: int | None = None,

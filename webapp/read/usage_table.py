@@ -41,6 +41,7 @@ from .compared import COLUMNS as COMPARED
 from .compared import compared_columns, compared_for, joined, meter_totals
 from .counts import Freshness, UnmappedTenant, rollup_freshness
 from .mappings import waiting_for_customer
+from .reconciliation import RunSummary, last_run
 from .search import prefix_range
 from .tenants import UsageRow, usage_rows, usage_select
 from .usage_reports import REPORT_ROWS, Report, customer_of, report_by_id, rows_of, shown_report
@@ -167,6 +168,8 @@ class TenantsPage:
     #: Whether the period is read from a report (longer than a month), and the report.
     from_report: bool = False
     report: Report | None = None
+    #: The last reconciliation (where Stripe's figures come from), if any ran.
+    reconciled: RunSummary | None = None
 
 
 def tenants_page(engine: Engine, query: UsageQuery, *, now: datetime,
@@ -182,7 +185,8 @@ def tenants_page(engine: Engine, query: UsageQuery, *, now: datetime,
                  else None if prepared else usage_table(conn, query))
         unmapped, total = waiting_for_customer(conn)
         return TenantsPage(query, table, unmapped, total,
-                           rollup_freshness(conn, now=now, margin=margin), prepared, report)
+                           rollup_freshness(conn, now=now, margin=margin), prepared, report,
+                           last_run(conn))
 
 
 def usage_table(conn: Connection, query: UsageQuery) -> UsageTable:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from datetime import datetime
 
 from flask import Blueprint, abort, flash, redirect, url_for
 from flask.typing import ResponseReturnValue
@@ -58,25 +59,39 @@ def run() -> ResponseReturnValue:
     if gateway is None:
         flash("STRIPE_API_KEY is not set: Stripe cannot be asked.", "error")
         return redirect(url_for("reconciliation.index"), code=303)
-    owner = f"button:{user.email}"
+    if start_in_background(user.email):
+        flash("Reconciliation started: it compares the last 35 days with Stripe; this page "
+              "shows it when it ends.", "ok")
+    else:
+        flash("A reconciliation is already running; this page shows it when it ends.", "ok")
+    return redirect(url_for("reconciliation.index"), code=303)
+
+
+def start_in_background(actor: str, *, since: datetime | None = None,
+                        until: datetime | None = None, trigger: str = "button") -> bool:
+    """Start a reconciliation (of ``since``…``until``, default the last 35 days) in a thread
+    of its own, as ``actor``, unless one is running (the lease every process takes); whether
+    it started. It can take minutes at many customers: the page that asked shows it when it
+    ends. It reads Stripe's summaries and writes nothing but the comparison."""
+    services = svc()
+    gateway = services.gateway()
+    assert gateway is not None
+    owner = f"{trigger}:{actor}"
     if not sync.take_lease(services.engine, sync.RECONCILE, owner=owner, now=services.clock(),
                            seconds=RECONCILE_LEASE_SECONDS):
-        flash("A reconciliation is already running; this page shows it when it ends.", "ok")
-        return redirect(url_for("reconciliation.index"), code=303)
+        return False
 
     def work() -> None:
         try:
-            reconcile(services.engine, gateway, services.settings, trigger="button",
-                      actor=user.email, now=services.clock())
+            reconcile(services.engine, gateway, services.settings, trigger=trigger,
+                      actor=actor, now=services.clock(), since=since, until=until)
         except Exception:
             log.exception("reconciliation started from the dashboard failed")
         finally:
             sync.drop_lease(services.engine, sync.RECONCILE, owner=owner)
 
-    threading.Thread(target=work, name="reconcile-button", daemon=True).start()
-    flash("Reconciliation started: it compares the last 35 days with Stripe; this page shows "
-          "it when it ends.", "ok")
-    return redirect(url_for("reconciliation.index"), code=303)
+    threading.Thread(target=work, name=f"reconcile-{trigger}", daemon=True).start()
+    return True
 
 
 @bp.get("/reconciliation/mismatches/<id:mismatch_id>")

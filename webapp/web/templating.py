@@ -97,10 +97,12 @@ def when(value: datetime | None) -> Markup:
 
 
 def num(value: int | float | None) -> str:
+    """A figure with thousands separated; a float that is a whole number (Stripe's figures
+    are floats) as an integer."""
     if value is None:
         return "—"
     if isinstance(value, float):
-        return f"{value:,.2f}"
+        return f"{int(value):,}" if value.is_integer() else f"{value:,.2f}"
     return f"{value:,}"
 
 
@@ -167,11 +169,13 @@ def stripe_link(kind: str, stripe_id: str, label: str = "in Stripe") -> Markup:
 
 
 def usage_rows(rows: Iterable[Any], statuses: tuple[str, ...], **params: Any) -> Markup:
-    """The body rows of the usage table: tenant (linked, with ``params``), customer, meter,
-    then units and events per status. Built here rather than in the template: a 400-row
-    table is 5,000 cells, and the template engine spent most of the page's time on them.
-    Every string from the database goes through ``escape``; the rest are integers and our
-    own status names."""
+    """The body rows of the usage table: tenant (linked, with ``params``), meter, the sent
+    units and events, Stripe's figure beside them and the difference, the customer the usage
+    went to, then units and events per other status. The figures a person comes for come
+    first, so they stay on a phone's screen. Built here rather than in the template: a
+    400-row table is 5,000 cells, and the template engine spent most of the page's time on
+    them. Every string from the database goes through ``escape``; the rest are numbers and
+    our own status names."""
     base, sep, query = tenant_url("", **params).partition("?")
     query = escape(sep + query)
     start, end = str(params.get("from", "")), str(params.get("to", ""))
@@ -183,19 +187,44 @@ def usage_rows(rows: Iterable[Any], statuses: tuple[str, ...], **params: Any) ->
         customer = (f"<code>{c}</code> "
                     f"{stripe_link('customer', r.stripe_customer_id)}" if r.stripe_customer_id
                     else '<span class="badge badge-warn">not mapped</span>')
-        cells = []
+        cells = {}
         for s in statuses:
             q, n = int(r.quantity[s]), int(r.events[s])
             url = usage_events_url(r.tenant_id, r.meter, s, start, end, r.stripe_customer_id)
             shown = (f'<a href="{escape(url)}"'
                      f' aria-label="{n:,} {s} events of {t}, {m}">{n:,}</a>' if n else f"{n:,}")
-            cells.append(f'<td class="num{" zero" if not q else ""}" data-col="{s}_quantity">'
-                         f'{q:,}</td><td class="num sub{" zero" if not n else ""}" '
-                         f'data-col="{s}_events">{shown}</td>')
+            cells[s] = (f'<td class="num{" zero" if not q else ""}" data-col="{s}_quantity">'
+                        f'{q:,}</td><td class="num sub{" zero" if not n else ""}" '
+                        f'data-col="{s}_events">{shown}</td>')
+        others = "".join(cells[s] for s in statuses if s != "sent")
         out.append(f'<tr data-tenant="{t}" data-meter="{m}" data-customer="{c}"><td><a href="'
                    f'{escape(base)}{escape(quote(r.tenant_id, safe=""))}{query}">{t}</a>'
-                   f'{name}</td><td>{customer}</td><td>{m}</td>{"".join(cells)}</tr>\n')
+                   f'{name}</td><td>{m}</td>{cells.get("sent", "")}{stripe_cells(r)}'
+                   f'<td>{customer}</td>{others}</tr>\n')
     return Markup("".join(out))  # noqa: S704 - every database string above is escaped
+
+
+def stripe_cells(r: Any) -> str:
+    """Two cells: Stripe's figure for the days reconciliation compared (when, how many days
+    and ours then in its title), and Stripe's less ours over those days; "not compared yet"
+    where no day was. Numbers and our own words only."""
+    if r.stripe_units is None:
+        return ('<td class="num muted small" data-col="stripe_units" colspan="2">'
+                "not compared yet</td>")
+    at = fmt_utc(r.compared_at, seconds=False) if r.compared_at else "—"
+    days = f"{r.compared_days:,} day{'' if r.compared_days == 1 else 's'}"
+    title = (f"Stripe's figure for the {days} compared (as of {at} UTC); ours then: "
+             f"{r.compared_units:,}")
+    diff = r.difference or 0.0
+    return (f'<td class="num" data-col="stripe_units" title="{escape(title)}">'
+            f'{_amount(r.stripe_units)}</td><td class="num sub{" bad" if diff else ""}" '
+            f'data-col="stripe_difference" title="{escape(title)}">'
+            f'{"+" if diff > 0 else ""}{_amount(diff) if diff else "="}</td>')
+
+
+def _amount(value: float) -> str:
+    """A figure of Stripe's: whole numbers as integers, with thousands separated."""
+    return f"{int(value):,}" if float(value).is_integer() else f"{value:,.2f}"
 
 
 def qs(**params: Any) -> str:

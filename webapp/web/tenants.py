@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from datetime import UTC, date, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
 from flask import Blueprint, abort, flash, redirect, url_for
 from flask.typing import ResponseReturnValue
 
 from ..db import reading
+from ..outbox import reconciliation as recon
 from ..outbox.operations import OperationError, mapping_problem, set_tenant
 from ..outbox.rollups import fold_margin
 from ..read import mappings as mapping_reads
@@ -23,8 +24,9 @@ from . import charts
 from .common import csv_response, now, render, svc
 from .errors import back_to
 from .params import TENANT_MAX, Day, Int, Text, accepts, page_fields
+from .reconciliation import start_in_background
 from .security import current_user, require_role
-from .templating import fmt_utc
+from .templating import fmt_age, fmt_utc
 
 bp = Blueprint("tenants", __name__)
 log = logging.getLogger(__name__)
@@ -65,8 +67,14 @@ REPORT_VIEW = (Text("sort", 20, choices=table_reads.SORTS, source="form"),
 #: The usage table's columns, on the page and in its CSV, in the page's order: per status its
 #: units, then its events. The page shows the tenant's name under its id; the file gives it a
 #: column of its own, so a spreadsheet can sort and filter by either.
-CSV_HEADER = ["Tenant", "Tenant name", "Stripe customer", "Meter"] + [
-    f"{status} {what}" for status in reads.USAGE_STATUSES for what in ("units", "events")]
+#: The usage table's columns, in the screen's order: the figures a person comes for first
+#: (sent, and Stripe's figure beside it), so they stay on a phone's screen; the file adds the
+#: tenant's name after its id, and when the comparison was made at its end.
+OTHER_STATUSES = tuple(s for s in reads.USAGE_STATUSES if s != "sent")
+CSV_HEADER = ["Tenant", "Tenant name", "Meter", "sent units", "sent events", "Stripe units",
+              "Stripe difference", "Stripe customer"] + [
+    f"{status} {what}" for status in OTHER_STATUSES for what in ("units", "events")] + [
+    "Stripe compared days", "Stripe compared at (UTC)", "our units on the compared days"]
 
 
 def _period() -> tuple[date, date]:
@@ -101,12 +109,57 @@ def index() -> ResponseReturnValue:
     period = {"from": start.isoformat(), "to": end.isoformat()}
     view = {**period, "sort": sort, "order": "desc" if descending else "asc",
             "q": query.text, "only": query.only}
+    settings = svc().settings
+    interval = settings.reconcile_interval_seconds
+    last = data.reconciled
+    next_at = (last.started_at + timedelta(seconds=interval) if last is not None and interval
+               else None)
+    if next_at is not None and next_at <= now():
+        next_at = None  # due already: the scheduler starts it within a minute
     return render("tenants/index.html", page=data, t=data.table, start=start, end=end,
+                  settle_words=fmt_age(settings.reconcile_settle_seconds),
+                  next_reconcile=next_at,
                   statuses=reads.USAGE_STATUSES, quick=_quick_periods(), period=period,
                   view={k: v for k, v in view.items() if v}, sorts=SORT_WORDS,
                   only_words=ONLY_WORDS, live_days=reports.LIVE_DAYS,
                   keep_days=reports.KEEP.days, schedule=reports.SCHEDULE,
                   refresh_minutes=int(reports.REFRESH.total_seconds() // 60))
+
+
+@bp.post("/tenants/check-with-stripe")
+@require_role("viewer")
+@accepts(REPORT_FROM, REPORT_TO, *REPORT_VIEW)
+def check_with_stripe() -> ResponseReturnValue:
+    """Compare the period shown with Stripe's meter summaries now (a reconciliation of its
+    days within Stripe's 35, in the background): anyone who can see the figures may ask, as
+    it reads Stripe and writes nothing but the comparison. Audited in the runs' list."""
+    start, end = REPORT_FROM.get(), REPORT_TO.get()
+    user = current_user()
+    assert user is not None
+    if start is None or end is None:
+        abort(400, "the check needs a period: a from and a to date")
+    view: dict[str, Any] = {f.name: f.get() for f in REPORT_VIEW if f.get()}
+    back = url_for("tenants.index", **{"from": start.isoformat(), "to": end.isoformat(),
+                                       **view})
+    back_to(back)
+    if svc().gateway() is None:
+        flash("STRIPE_API_KEY is not set: Stripe cannot be asked.", "error")
+        return redirect(back, code=303)
+    earliest, latest = recon.default_window(now())
+    since = max(datetime.combine(start, time(0), UTC), earliest)
+    until = min(datetime.combine(end + timedelta(days=1), time(0), UTC), latest)
+    if until <= since:
+        flash("Nothing of this period can be compared yet: Stripe's figures are compared "
+              "for the last 35 days, once an hour has ended.", "error")
+        return redirect(back, code=303)
+    if not start_in_background(user.email, since=since, until=until, trigger="check"):
+        flash("A comparison with Stripe is already running; the figures appear when it "
+              "ends.", "ok")
+        return redirect(back, code=303)
+    flash(f"Comparing {since:%Y-%m-%d} – {until - timedelta(seconds=1):%Y-%m-%d} with Stripe: "
+          "Stripe's figures appear beside ours when it ends (seconds to minutes, with many "
+          "customers). A day is compared once it has ended and settled.", "ok")
+    return redirect(back, code=303)
 
 
 @bp.post("/tenants/report")
@@ -207,22 +260,41 @@ def _report_for(start: date, end: date, report_id: int | None) -> reports.Report
 
 
 def _csv_rows(rows: Iterator[reads.UsageRow]) -> Iterator[list[Any]]:
-    """Each row's cells, then a totals row per meter (summed as the rows go by: units of
+    """Each row's cells (Stripe's figure and the difference empty where nothing was
+    compared yet), then a totals row per meter (summed as the rows go by: units of
     different meters are never added together)."""
     totals: dict[str, reads.UsageRow] = {}
     for r in rows:
-        cells: list[Any] = [r.tenant_id, r.name, r.stripe_customer_id, r.meter]
         total = totals.setdefault(r.meter, reads.UsageRow("", r.meter))
         for status in reads.USAGE_STATUSES:
-            cells += [r.quantity[status], r.events[status]]
             total.quantity[status] += r.quantity[status]
             total.events[status] += r.events[status]
-        yield cells
-    for meter, total in sorted(totals.items()):
-        last: list[Any] = ["Total", "", "", meter]
-        for status in reads.USAGE_STATUSES:
-            last += [total.quantity[status], total.events[status]]
-        yield last
+        if r.stripe_units is not None and r.compared_units is not None:
+            total.stripe_units = (total.stripe_units or 0.0) + r.stripe_units
+            total.compared_units = (total.compared_units or 0) + r.compared_units
+            total.compared_days += r.compared_days
+        yield _csv_cells(r, r.tenant_id, r.name)
+    for _, total in sorted(totals.items()):
+        yield _csv_cells(total, "Total", "")
+
+
+def _csv_cells(r: reads.UsageRow, first: str, name: str | None) -> list[Any]:
+    """One row of the file, in :data:`CSV_HEADER`'s order."""
+    compared = r.stripe_units is not None
+    cells: list[Any] = [first, name, r.meter, r.quantity["sent"], r.events["sent"],
+                        _figure(r.stripe_units) if compared else "",
+                        _figure(r.difference) if compared else "", r.stripe_customer_id]
+    for status in OTHER_STATUSES:
+        cells += [r.quantity[status], r.events[status]]
+    return cells + [r.compared_days, fmt_utc(r.compared_at) if r.compared_at else "",
+                    r.compared_units if compared else ""]
+
+
+def _figure(value: float | None) -> int | float | str:
+    """A figure of Stripe's as it reads best: whole numbers without a decimal point."""
+    if value is None:
+        return ""
+    return int(value) if float(value).is_integer() else round(value, 6)
 
 
 @bp.get("/tenants/<tenant:tenant_id>")
