@@ -300,7 +300,8 @@ def test_one_report_is_prepared_at_a_time_on_postgresql(pg, now, monkeypatch) ->
     waits for its next turn: nothing is summed twice at once, nothing is stored."""
     start, end = long_period(now)
     with pg.connect() as other:
-        assert other.execute(text("SELECT pg_try_advisory_xact_lock(8463, 1)")).scalar_one()
+        assert other.execute(text(
+            "SELECT pg_try_advisory_xact_lock(8463, hashtext(current_schema()))")).scalar_one()
         with pytest.raises(reports.ReportBusy):
             reports.prepare(pg, start, end, now=now, actor="cli")
         monkeypatch.setattr(reports, "STANDING_FROM_ROWS", 0)

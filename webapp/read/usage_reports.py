@@ -72,8 +72,10 @@ class ReportBusy(Exception):
 
 
 #: The transaction-scoped advisory lock one preparation holds (PostgreSQL; a two-key lock,
-#: apart from the lanes' one-key locks).
-_LOCK = text("SELECT pg_try_advisory_xact_lock(8463, 1)")
+#: apart from the lanes' one-key locks). Advisory locks are the server's, not a schema's: the
+#: second key is the outbox's schema, so two outboxes on one server (a staging copy beside
+#: production) do not wait for each other.
+_LOCK = text("SELECT pg_try_advisory_xact_lock(8463, hashtext(current_schema()))")
 
 
 @dataclass(frozen=True)

@@ -71,8 +71,8 @@ REPORT_VIEW = (Text("sort", 20, choices=table_reads.SORTS, source="form"),
 #: (sent, and Stripe's figure beside it), so they stay on a phone's screen; the file adds the
 #: tenant's name after its id, and when the comparison was made at its end.
 OTHER_STATUSES = tuple(s for s in reads.USAGE_STATUSES if s != "sent")
-CSV_HEADER = ["Tenant", "Tenant name", "Meter", "sent units", "sent events", "Stripe units",
-              "Stripe difference", "Stripe customer"] + [
+CSV_HEADER = ["Tenant", "Tenant name", "Meter", "sent units", "Stripe units",
+              "Stripe difference", "sent events", "Stripe customer"] + [
     f"{status} {what}" for status in OTHER_STATUSES for what in ("units", "events")] + [
     "Stripe compared days", "Stripe compared at (UTC)", "our units on the compared days"]
 
@@ -281,9 +281,10 @@ def _csv_rows(rows: Iterator[reads.UsageRow]) -> Iterator[list[Any]]:
 def _csv_cells(r: reads.UsageRow, first: str, name: str | None) -> list[Any]:
     """One row of the file, in :data:`CSV_HEADER`'s order."""
     compared = r.stripe_units is not None
-    cells: list[Any] = [first, name, r.meter, r.quantity["sent"], r.events["sent"],
+    cells: list[Any] = [first, name, r.meter, r.quantity["sent"],
                         _figure(r.stripe_units) if compared else "",
-                        _figure(r.difference) if compared else "", r.stripe_customer_id]
+                        _figure(r.difference) if compared else "", r.events["sent"],
+                        r.stripe_customer_id]
     for status in OTHER_STATUSES:
         cells += [r.quantity[status], r.events[status]]
     return cells + [r.compared_days, fmt_utc(r.compared_at) if r.compared_at else "",
