@@ -138,13 +138,22 @@ def run(db: BenchDatabase, *, events: int, runs: int, log: Any = print,
         t0 = time.perf_counter()
         rollups.fold(engine, now=utcnow(), margin=margin)
         fold_s = time.perf_counter() - t0
+        # What a daily reconciliation leaves: every customer, meter and day of the last 35
+        # compared, so Stripe's column has a figure on every row it reads.
+        t0 = time.perf_counter()
+        compared = seed_reconciled(engine, utcnow())
+        seed_s = time.perf_counter() - t0
+        log(f"scale: {compared:,} compared days kept (as a reconciliation keeps them) in "
+            f"{seed_s:.0f} s")
+        res.raw["reconciled"] = {"days": compared, "seconds": seed_s}
         # The parker's first turn, as the worker takes it within a minute of starting.
         t0 = time.perf_counter()
         parked = defer_unsendable(engine, now=utcnow())
         park_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         dashboard.maintain(engine, "VACUUM (ANALYZE)",
-                           dashboard.LOADED_TABLES + dashboard.ROLLUP_TABLES)
+                           dashboard.LOADED_TABLES + dashboard.ROLLUP_TABLES
+                           + ("reconciled_days", "reconciled_months"))
         vacuum_s = time.perf_counter() - t0
         counts = dashboard.table_counts(engine)
         res.raw.update(load_seconds=times, fold_seconds=fold_s, vacuum_seconds=vacuum_s,
@@ -335,6 +344,24 @@ def usage(res: ScaleResults, engine: Any, url: str, runs: int, log: Any) -> None
                          f"{least.hi * 1000:,.0f})", "", "",
                          f"median of {len(least.values)}; nothing summed"))
     env = cli_env(url)
+    month = today - timedelta(days=29)
+    walls = []
+    for _ in range(max(3, runs)):
+        t0 = time.perf_counter()
+        out = subprocess.run([sys.executable, "-m", "webapp", "usage", "--from",
+                              month.isoformat(), "--to", today.isoformat(), "--json"],
+                             env=env, cwd=ROOT, capture_output=True, timeout=600)
+        walls.append(time.perf_counter() - t0)
+    walls.sort()
+    log(f"scale: usage CLI month, every tenant: {walls} s, exit {out.returncode}, "
+        f"{len(out.stdout):,} bytes")
+    res.raw["usage_cli_seconds month"] = walls
+    res.table.append(Row(SECTION, "`billing-outbox usage --from … --to … --json` (30 days, "
+                                  "every tenant, with Stripe's figure on every row; the whole "
+                                  "command)", f"{walls[len(walls) // 2]:.2f} s "
+                                  f"({walls[0]:.2f}–{walls[-1]:.2f})", "",
+                         "" if out.returncode == 0 else "FAILED",
+                         f"{len(out.stdout) / 2**20:.2f} MB of JSON; median of {len(walls)}"))
     for who, extra in (("every tenant", []), (f"{LARGEST}", ["--tenant", LARGEST])):
         t0 = time.perf_counter()
         out = subprocess.run([sys.executable, "-m", "webapp", "usage", "--from",
@@ -378,6 +405,26 @@ def year_parts(engine: Any, start: Any, end: Any, runs: int) -> tuple[Figure, Fi
                 .all()))
             least.add(time.perf_counter() - t0)
     return server, least, n
+
+
+def seed_reconciled(engine: Any, now: Any) -> int:
+    """Keep, as a daily reconciliation does, a comparison of every customer, meter and UTC
+    day of the last 35 with sent usage (Stripe agreeing), and its months added up; how many
+    days. Set-based, from the daily sent rollup."""
+    first = (now - timedelta(days=35)).date().isoformat()
+    with engine.begin() as conn:
+        n = conn.execute(text(
+            "INSERT INTO reconciled_days (stripe_customer_id, meter, day, formula, ours, "
+            "stripe, compared_at, run_id) SELECT stripe_customer_id, meter, day, 'sum', "
+            "sum(quantity), sum(quantity), :now, 0 FROM usage_sent_rollup WHERE day >= :first "
+            "AND stripe_customer_id <> '' GROUP BY stripe_customer_id, meter, day"),
+            {"now": now, "first": first}).rowcount
+        conn.execute(text(
+            "INSERT INTO reconciled_months (stripe_customer_id, meter, month, ours, stripe, "
+            "days, compared_at) SELECT stripe_customer_id, meter, substr(day, 1, 7), sum(ours), "
+            "sum(stripe), count(*), max(compared_at) FROM reconciled_days "
+            "GROUP BY stripe_customer_id, meter, substr(day, 1, 7)"))
+    return int(n or 0)
 
 
 def cli_env(url: str) -> dict[str, str]:

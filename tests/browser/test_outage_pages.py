@@ -97,7 +97,8 @@ def outage() -> Iterator[Outage]:
         assert get_endpoints(app) - NOT_PAGES - covered <= set(LOGIN.endpoints)
         server = make_server("127.0.0.1", 0, app, threaded=True, request_handler=QuietHandler)
         threading.Thread(target=server.serve_forever, daemon=True).start()
-        yield Outage(Site(f"http://127.0.0.1:{server.server_port}", ids), engine)
+        yield Outage(Site(f"http://127.0.0.1:{server.server_port}", ids, db_url, engine),
+                     engine)
     finally:
         if server is not None:
             server.shutdown()

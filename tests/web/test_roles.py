@@ -122,8 +122,9 @@ def test_navigation_follows_the_role(client_as) -> None:
 #: POSTs any signed-in person makes about themselves (changing their own password).
 SELF_SERVICE = {"account.password"}
 #: POSTs that change nothing that is billed: a viewer asks the dashboard to prepare figures
-#: (summing a long period's usage into a report that anyone then reads).
-PREPARED_READS = {"tenants.prepare_report"}
+#: (summing a long period's usage into a report that anyone then reads), or to compare a
+#: period with Stripe (reading Stripe's summaries and writing only the comparison).
+PREPARED_READS = {"tenants.prepare_report", "tenants.check_with_stripe"}
 
 
 def test_every_endpoint_is_public_by_intent_or_needs_a_role(app) -> None:

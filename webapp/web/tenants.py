@@ -64,9 +64,6 @@ REPORT_VIEW = (Text("sort", 20, choices=table_reads.SORTS, source="form"),
                Text("q", TENANT_MAX, source="form"),
                Text("only", 10, choices=table_reads.ONLY, source="form"))
 
-#: The usage table's columns, on the page and in its CSV, in the page's order: per status its
-#: units, then its events. The page shows the tenant's name under its id; the file gives it a
-#: column of its own, so a spreadsheet can sort and filter by either.
 #: The usage table's columns, in the screen's order: the figures a person comes for first
 #: (sent, and Stripe's figure beside it), so they stay on a phone's screen; the file adds the
 #: tenant's name after its id, and when the comparison was made at its end.
