@@ -12,12 +12,13 @@ from typing import Any
 
 import pytest
 from conftest import cli, make_settings, worker_env
-from sqlalchemy import Engine
+from sqlalchemy import Engine, update
 from sqlalchemy.orm import Session
 from support.fake_stripe import FakeStripe
 
 from webapp.models import utcnow
 from webapp.outbox import enqueue_usage, operations
+from webapp.outbox.sql import RECON_RUNS
 from webapp.read import tenants as reads
 from webapp.worker import Drainer, gateway_from, reconcile
 
@@ -171,5 +172,18 @@ def test_the_overview_never_claims_a_match_over_nothing(
     tile = html.split('data-k="reconciled"')[1].split("</div>")[0]
     assert "nothing compared yet" in tile and "mismatch" not in tile
     assert "good" not in html.split('data-k="reconciled"')[0].rsplit("<a", 1)[1]
+    # When the pending days can be compared: no scheduled run yet, so the scheduler's next.
+    assert "the next reconciliation starts within a minute" in tile
     recon = client_as("viewer").get("/reconciliation").get_data(as_text=True)
     assert 'id="nothing-compared"' in recon
+    assert "the next reconciliation starts within a minute" in recon.split(
+        'id="nothing-compared"')[1].split("</p>")[0]
+    # A scheduled run an hour ago: the next is due in 23 hours, named with its time.
+    started = utcnow() - timedelta(hours=1)
+    with engine.begin() as conn:
+        conn.execute(update(RECON_RUNS).where(RECON_RUNS.c.id == run.id).values(
+            trigger="schedule", started_at=started))
+    due = (started + timedelta(hours=24)).strftime("%Y-%m-%d %H:%M")
+    html = client_as("viewer").get("/").get_data(as_text=True)
+    tile = html.split('data-k="reconciled"')[1].split("</div>")[0]
+    assert "the next reconciliation is due in 22 h 59 min" in tile and due in tile

@@ -322,6 +322,18 @@ def last_run_started(conn: Connection, *, trigger: str | None = None) -> datetim
     return as_utc(conn.execute(stmt).scalar())
 
 
+def next_scheduled(conn: Connection, interval_seconds: float, *, now: datetime
+                   ) -> datetime | None:
+    """When the next scheduled reconciliation is due: ``interval_seconds`` after the last
+    scheduled one started (``now`` if that is past or none has run: the scheduler starts it
+    within a minute); None when it runs only when asked (an interval of 0)."""
+    if interval_seconds <= 0:
+        return None
+    last = last_run_started(conn, trigger="schedule")
+    due = now if last is None else last + timedelta(seconds=interval_seconds)
+    return max(due, now)
+
+
 def _iso(at: datetime) -> str:
     return at.astimezone(UTC).isoformat().replace("+00:00", "Z")
 

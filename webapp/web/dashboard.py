@@ -9,6 +9,7 @@ from flask.typing import ResponseReturnValue
 
 from ..db import reading
 from ..outbox import operations
+from ..outbox import reconciliation as recon
 from ..outbox.retention import pruned_totals
 from ..read import overview as overview_reads
 from ..read import retries as retries_reads
@@ -37,7 +38,9 @@ def overview() -> ResponseReturnValue:
                                    chart_range=CHART_RANGE.get(), status=chrome()["health"])
     with reading(svc().engine) as conn:
         pruned, _, last_at = pruned_totals(conn)
+        next_at = recon.next_scheduled(conn, settings.reconcile_interval_seconds, now=now())
     return render("dashboard/overview.html", ov=data, ranges=RANGES, chart=_sent_chart(data),
+                  next_reconciliation=next_at,
                   retention={"days": settings.retention_days, "events": pruned,
                              "last_at": last_at})
 

@@ -13,6 +13,8 @@ from flask import Blueprint, abort, flash, redirect, url_for
 from flask.typing import ResponseReturnValue
 from markupsafe import Markup
 
+from ..db import reading
+from ..outbox import reconciliation as recon
 from ..outbox import sync
 from ..outbox.findings import number
 from ..outbox.resend import MAX_CHOSEN, resend_chosen, resend_day
@@ -42,9 +44,12 @@ def index() -> ResponseReturnValue:
     run_id = RUN.get()
     page = reconciliation_page(svc().engine, run_id=run_id, now=svc().clock())
     settings = svc().settings
+    with reading(svc().engine) as conn:
+        next_run = recon.next_scheduled(conn, settings.reconcile_interval_seconds,
+                                        now=svc().clock())
     return render("reconciliation/index.html", page=page, pinned=run_id is not None,
                   settle=settings.reconcile_settle_seconds,
-                  interval=settings.reconcile_interval_seconds,
+                  interval=settings.reconcile_interval_seconds, next_run=next_run,
                   offers=offers(page.mismatches))
 
 

@@ -107,12 +107,8 @@ def index() -> ResponseReturnValue:
     view = {**period, "sort": sort, "order": "desc" if descending else "asc",
             "q": query.text, "only": query.only}
     settings = svc().settings
-    interval = settings.reconcile_interval_seconds
-    last = data.reconciled
-    next_at = (last.started_at + timedelta(seconds=interval) if last is not None and interval
-               else None)
-    if next_at is not None and next_at <= now():
-        next_at = None  # due already: the scheduler starts it within a minute
+    with reading(svc().engine) as conn:
+        next_at = recon.next_scheduled(conn, settings.reconcile_interval_seconds, now=now())
     return render("tenants/index.html", page=data, t=data.table, start=start, end=end,
                   settle_words=fmt_age(settings.reconcile_settle_seconds),
                   next_reconcile=next_at,
