@@ -172,6 +172,13 @@ def test_the_overview_never_claims_a_match_over_nothing(
     tile = html.split('data-k="reconciled"')[1].split("</div>")[0]
     assert "nothing compared yet" in tile and "mismatch" not in tile
     assert "good" not in html.split('data-k="reconciled"')[0].rsplit("<a", 1)[1]
+    # The usage rows say "not compared yet", in the file too, never a blank.
+    today = utcnow().date().isoformat()
+    _, _, rows, _ = read_usage_csv(client_as("viewer").get(
+        f"/tenants.csv?from={today}&to={today}").get_data(as_text=True))
+    assert [(r["Tenant"], r["sent units"], r["Stripe units"], r["Stripe difference"],
+             r["Stripe compared at (UTC)"]) for r in rows] == [
+        ("acme", "2", "not compared yet", "", "")]
     # When the pending days can be compared: no scheduled run yet, so the scheduler's next.
     assert "the next reconciliation starts within a minute" in tile
     recon = client_as("viewer").get("/reconciliation").get_data(as_text=True)

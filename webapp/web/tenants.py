@@ -252,9 +252,14 @@ def _report_for(start: date, end: date, report_id: int | None) -> reports.Report
         return reports.shown_report(conn, start, end, now=now())[1]
 
 
+#: The file's Stripe units cell where no day of the period was compared (never a blank, which
+#: reads as nothing to bill; a spreadsheet's sums skip text).
+NOT_COMPARED = "not compared yet"
+
+
 def _csv_rows(rows: Iterator[reads.UsageRow]) -> Iterator[list[Any]]:
-    """Each row's cells (Stripe's figure and the difference empty where nothing was
-    compared yet), then a totals row per meter (summed as the rows go by: units of
+    """Each row's cells (Stripe's units "not compared yet" and the difference empty where
+    nothing was compared), then a totals row per meter (summed as the rows go by: units of
     different meters are never added together)."""
     totals: dict[str, reads.UsageRow] = {}
     for r in rows:
@@ -275,7 +280,7 @@ def _csv_cells(r: reads.UsageRow, first: str, name: str | None) -> list[Any]:
     """One row of the file, in :data:`CSV_HEADER`'s order."""
     compared = r.stripe_units is not None
     cells: list[Any] = [first, name, r.meter, r.quantity["sent"],
-                        _figure(r.stripe_units) if compared else "",
+                        _figure(r.stripe_units) if compared else NOT_COMPARED,
                         _figure(r.difference) if compared else "", r.events["sent"],
                         r.stripe_customer_id]
     for status in OTHER_STATUSES:
