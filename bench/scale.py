@@ -346,7 +346,7 @@ def usage(res: ScaleResults, engine: Any, url: str, runs: int, log: Any) -> None
     env = cli_env(url)
     month = today - timedelta(days=29)
     walls = []
-    for _ in range(max(3, runs)):
+    for _ in range(max(5, runs)):
         t0 = time.perf_counter()
         out = subprocess.run([sys.executable, "-m", "webapp", "usage", "--from",
                               month.isoformat(), "--to", today.isoformat(), "--json"],

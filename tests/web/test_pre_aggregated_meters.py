@@ -21,6 +21,7 @@ from flask.testing import FlaskClient
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 from support.fake_stripe import FakeStripe
+from support.loop import drain_all
 
 from webapp import create_app
 from webapp.config import Settings
@@ -78,9 +79,6 @@ def rows(engine: Engine, ids: list[int]) -> list[Any]:
         return list(conn.execute(select(T).where(T.c.id.in_(ids)).order_by(T.c.id)))
 
 
-def drain_all(drainer: Drainer) -> None:
-    while drainer.drain_once().claimed:
-        pass
 
 
 def status_line(html: str) -> str:

@@ -15,11 +15,12 @@ from conftest import make_settings
 from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session
 from support.fake_stripe import FakeStripe
+from support.loop import drain_all, poll_reports
 
 from webapp.config import Settings
 from webapp.models import OutboxEvent, StripeErrorSample, utcnow
 from webapp.outbox import enqueue_usage, operations
-from webapp.worker import Drainer, MeterRefresher, event_poller, gateway_from
+from webapp.worker import Drainer
 
 T = OutboxEvent.__table__
 S = StripeErrorSample.__table__
@@ -51,19 +52,8 @@ def enqueue(engine: Engine, tenant: str, n: int, prefix: str) -> list[int]:
                                   idempotency_key=f"{prefix}-{i}").id) for i in range(n)]
 
 
-def drain(drainer: Drainer) -> None:
-    while drainer.drain_once().claimed:
-        pass
 
 
-def poll(engine: Engine, settings: Settings) -> Any:
-    gateway = gateway_from(settings)
-    assert gateway is not None
-    try:
-        return event_poller(engine, gateway, settings,
-                            on_meter_codes=MeterRefresher(engine, gateway).run_once).run_once()
-    finally:
-        gateway.close()
 
 
 def statuses(engine: Engine, ids: list[int]) -> dict[str, int]:
@@ -83,20 +73,20 @@ def test_a_customer_deleted_after_mapping_has_every_refused_event_rejected(
         operations.set_tenant(engine, tenant, stripe_customer_id=f"cus_{tenant}", name=None,
                               now=utcnow())
     before = enqueue(engine, "gone", 5, "before")
-    drain(drainer)
+    drain_all(drainer)
     with engine.begin() as conn:  # billed long before the customer was deleted
         conn.execute(update(T).where(T.c.id.in_(before))
                      .values(sent_at=utcnow() - timedelta(hours=3)))
     fake.delete_customer("cus_gone")
     gone = enqueue(engine, "gone", 50, "gone")
     keep = enqueue(engine, "keep", 10, "keep")
-    drain(drainer)
+    drain_all(drainer)
     assert statuses(engine, gone + keep) == {"sent": 60}      # Stripe answered 200
     fake.flush_reports()
     [report] = fake.events()
     assert report["data"]["reason"]["error_count"] == 50
     assert len(report["data"]["reason"]["error_types"][0]["sample_errors"]) == 3
-    summary = poll(engine, settings)
+    summary = poll_reports(engine, settings)
     assert summary.rejected == 50
     assert statuses(engine, gone) == {"rejected:sample": 3, "rejected:customer": 47}
     assert statuses(engine, keep) == {"sent": 10}
@@ -126,12 +116,12 @@ def test_nothing_is_marked_by_asking_beyond_what_stripe_counted(
     operations.set_tenant(engine, "gone", stripe_customer_id="cus_gone", name=None,
                           now=utcnow())
     billed = enqueue(engine, "gone", 6, "billed")
-    drain(drainer)
+    drain_all(drainer)
     fake.delete_customer("cus_gone")
     refused = enqueue(engine, "gone", 5, "refused")
-    drain(drainer)
+    drain_all(drainer)
     fake.flush_reports()          # counts 5, samples 3; the window holds all 11
-    assert poll(engine, settings).rejected == 3
+    assert poll_reports(engine, settings).rejected == 3
     assert statuses(engine, refused) == {"rejected:sample": 3, "sent": 2}
     assert statuses(engine, billed) == {"sent": 6}
     page = client_as("viewer").get("/stripe").get_data(as_text=True)

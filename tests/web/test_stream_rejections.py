@@ -15,12 +15,13 @@ from conftest import make_settings
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 from support.fake_stripe import AsyncError, FakeStripe
+from support.loop import drain_all, poll_reports
 
 from webapp.config import Settings
 from webapp.models import OutboxEvent, StreamRequest, StripeErrorSample, utcnow
 from webapp.outbox import enqueue_usage, operations
 from webapp.outbox.tracing import parse_carried
-from webapp.worker import Drainer, MeterRefresher, event_poller, gateway_from
+from webapp.worker import Drainer
 
 T = OutboxEvent.__table__
 METER = "api_requests"
@@ -60,19 +61,8 @@ def rows(engine: Engine) -> dict[int, Any]:
         return {r.id: r for r in conn.execute(select(T))}
 
 
-def drain(drainer: Drainer) -> None:
-    while drainer.drain_once().claimed:
-        pass
 
 
-def poll(engine: Engine, settings: Settings) -> Any:
-    gateway = gateway_from(settings)
-    assert gateway is not None
-    try:
-        meters = MeterRefresher(engine, gateway)
-        return event_poller(engine, gateway, settings, on_meter_codes=meters.run_once).run_once()
-    finally:
-        gateway.close()
 
 
 def samples(engine: Engine) -> list[Any]:
@@ -100,7 +90,7 @@ def test_a_sample_naming_a_request_rejects_exactly_the_unknown_customers_events(
     fake.customer_error_names_customer = names_customer
     ids = {tenant: [enqueue(engine, f"{tenant}-{i}", tenant) for i in range(3)]
            for tenant in ("a", "b", "ghost")}
-    drain(drainer)
+    drain_all(drainer)
     assert {r.status for r in rows(engine).values()} == {"sent"}
     log = fake.stream_log()
     assert len(log) == 1 and len(log[0]["identifiers"]) == 9    # one request, three lanes
@@ -117,7 +107,7 @@ def test_a_sample_naming_a_request_rejects_exactly_the_unknown_customers_events(
     assert report["error_count"] == 3
     assert [s["request"]["identifier"] for t in report["error_types"]
             for s in t["sample_errors"]] == [key] * 3    # each sample names the request
-    summary = poll(engine, settings)
+    summary = poll_reports(engine, settings)
     assert summary.rejected == 3
     now = rows(engine)
     for i in ids["ghost"]:
@@ -146,9 +136,9 @@ def test_customers_are_asked_once_per_refresh_across_reports(
     for round_ in range(2):
         for tenant in ("a", "ghost"):
             enqueue(engine, f"{tenant}-r{round_}", tenant)
-        drain(drainer)
+        drain_all(drainer)
         fake.flush_reports()
-        assert poll(engine, settings).rejected == 1
+        assert poll_reports(engine, settings).rejected == 1
     assert fake.customer_lookups == {"cus_a": 1, "cus_ghost": 1}   # the second used the kept
 
 
@@ -160,11 +150,11 @@ def test_a_sample_that_singles_none_out_is_shown_not_guessed(
     them."""
     map_tenants(engine)
     ids = [enqueue(engine, f"v-{i}", tenant) for i, tenant in enumerate(("a", "a", "b", "b"))]
-    drain(drainer)
+    drain_all(drainer)
     key = fake.stream_log()[-1]["idempotency_key"]
     fake.report_errors([AsyncError(METER, "meter_event_invalid_value",
                                    "The value is not valid.", key)])
-    summary = poll(engine, settings)
+    summary = poll_reports(engine, settings)
     assert summary.rejected == 0 and summary.unmatched == 0
     assert {rows(engine)[i].status for i in ids} == {"sent"}
     [sample] = samples(engine)
@@ -184,14 +174,14 @@ def test_a_too_old_event_is_singled_out_by_its_timestamp(
     map_tenants(engine)
     fresh = enqueue(engine, "fresh", "a")
     old = enqueue(engine, "old", "a", occurred_at=utcnow() - timedelta(days=34, hours=23))
-    drain(drainer)
+    drain_all(drainer)
     key = fake.stream_log()[-1]["idempotency_key"]
     with engine.begin() as conn:   # the request reached Stripe two days later than recorded
         conn.execute(StreamRequest.__table__.update().values(
             sent_at=datetime.now(UTC) + timedelta(days=2)))
     fake.report_errors([AsyncError(METER, "timestamp_too_far_in_past",
                                    "The timestamp must be within the past 35 days.", key)])
-    assert poll(engine, settings).rejected == 1
+    assert poll_reports(engine, settings).rejected == 1
     now = rows(engine)
     assert (now[old].status, now[fresh].status) == ("rejected", "sent")
 
@@ -202,17 +192,17 @@ def test_a_requeued_event_is_not_the_one_an_old_request_carried(
     (now sent under a new identifier) does not reject it again."""
     map_tenants(engine)
     ev = enqueue(engine, "once", "ghost")
-    drain(drainer)
+    drain_all(drainer)
     first_key = fake.stream_log()[-1]["idempotency_key"]
     fake.flush_reports()
-    assert poll(engine, settings).rejected == 1
+    assert poll_reports(engine, settings).rejected == 1
     fake.create_customer("cus_ghost")                  # the customer now exists
     operations.requeue(engine, [ev], actor="ops@example.com", now=utcnow(),
                        window_seconds=settings.dedupe_window_seconds)
-    drain(drainer)
+    drain_all(drainer)
     assert rows(engine)[ev].status == "sent"
     fake.report_errors([AsyncError(METER, "meter_event_customer_not_found",
                                    "No such customer: 'cus_ghost'.", first_key)])
-    poll(engine, settings)
+    poll_reports(engine, settings)
     assert rows(engine)[ev].status == "sent"
     assert (samples(engine)[-1].outcome, samples(engine)[-1].event_id) == ("stale", ev)
