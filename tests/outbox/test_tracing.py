@@ -99,6 +99,33 @@ def test_an_event_requeued_under_a_new_identifier_is_not_the_one_carried() -> No
     assert traced.events == [] and traced.stale
 
 
+def test_one_left_is_not_the_one_while_a_requeued_or_pruned_sibling_could_be() -> None:
+    """A request carried a ghost customer's event and a known customer's; the ghost's was
+    requeued since. Stripe says the known customer exists: the survivor is not refused."""
+    ghost, ok = ev(1, "cus_ghost", ident="k1"), ev(2, "cus_ok", ident="k2")
+    record = request(ghost, ok)
+    now = {1: ev(1, "cus_ghost", ident="k1~r1"), 2: ok}
+    checks = {"cus_ok": CustomerCheck("cus_ok", ACTIVE)}
+    for code in ("meter_event_customer_not_found", "meter_event_invalid_value"):
+        traced = single_out(code, "refused", record, now, meter=None, customers=checks)
+        assert traced.events == [] and [e.id for e in traced.candidates] == [2]
+    # pruned since: the same
+    traced = single_out("meter_event_invalid_value", "bad", record, {2: ok}, meter=None,
+                        customers=checks)
+    assert traced.events == [] and [e.id for e in traced.candidates] == [2]
+    # a sibling of another meter than the report's cannot be it: the survivor is the one
+    other = ev(1, "cus_ghost", meter="tokens", ident="k1~r1")
+    traced = single_out("meter_event_invalid_value", "bad", record, {1: other, 2: ok},
+                        meter="api", customers=checks)
+    assert [e.id for e in traced.events] == [2]
+    # and the ghost's customer, when Stripe lacks it, still singles out a live event of it
+    both = {1: ghost, 2: ok}
+    checks["cus_ghost"] = CustomerCheck("cus_ghost", MISSING)
+    traced = single_out("meter_event_customer_not_found", "x", record, both, meter=None,
+                        customers=checks)
+    assert [e.id for e in traced.events] == [1] and traced.found_by == BY_CUSTOMER
+
+
 def test_the_kept_list_of_events_reads_back() -> None:
     assert parse_carried("12:0a0b0c0d,13:ffffffff") == (Carried(12, "0a0b0c0d"),
                                                        Carried(13, "ffffffff"))

@@ -17,7 +17,8 @@ else Stripe said singles events out, and only what singles them out is acted on:
   (``meter_event_no_customer_defined``: every event of one meter is built with the same keys),
   refuses every event of that meter; a timestamp more than 35 days before the request, or more
   than 5 minutes after it, refuses the events stamped so;
-- one event left: that one.
+- one event left, and nothing else the request carried (requeued since, or pruned) that the
+  sample could be about: that one.
 
 Otherwise nothing is marked: the events it could be are shown to a person ("one of these N was
 refused"). Nothing is rejected on a guess.
@@ -135,6 +136,12 @@ def single_out(code: str | None, message: str | None, request: StreamRequestReco
              if c.event_id in events and identifier_tag(events[c.event_id].sent_as) == c.tag]
     if not cands:
         return Traced(stale=any(c.event_id in events for c in request.events))
+    # What the request carried that is no longer here as it was (requeued under a new
+    # identifier, or pruned): the sample may be about one of those, so "one left" proves
+    # nothing while any of them could be it.
+    gone = [events.get(c.event_id) for c in request.events
+            if c.event_id not in events or identifier_tag(events[c.event_id].sent_as) != c.tag]
+    rivals = [e for e in gone if e is None or meter is None or e.meter == meter]
     if meter is not None:
         cands = [e for e in cands if e.meter == meter]
     text = message or ""
@@ -163,7 +170,7 @@ def single_out(code: str | None, message: str | None, request: StreamRequestReco
         ahead = [e for e in cands if _at(e) > request.sent_at + MAX_AHEAD]
         if ahead:
             return Traced(ahead)
-    if len(cands) == 1:
+    if len(cands) == 1 and not rivals:
         return Traced(cands)
     return Traced(candidates=cands)
 
