@@ -130,7 +130,9 @@ def browser_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 good.append(enqueue_usage(
                     db, tenant_id="acme" if i % 3 else "globex", quantity=i + 1,
                     idempotency_key=f"browser-ok-{i}",
-                    occurred_at=now - timedelta(minutes=30 - i)).id)
+                    # over an hour old: in the whole hours a reconciliation reads (up to
+                    # the last hour's start), whatever the minute the test runs at
+                    occurred_at=now - timedelta(minutes=90 - i)).id)
             for i in range(N_UNMAPPED):
                 unmapped.append(enqueue_usage(
                     db, tenant_id="initech", quantity=7, idempotency_key=f"browser-wait-{i}",
