@@ -42,8 +42,15 @@ def settings(db_url: str, fake: FakeStripe) -> Any:
 
 
 def midday(days_ago: int) -> datetime:
+    """Noon ``days_ago`` days back; 0: the latest event a reconciliation run now can see,
+    noon today or the last minute of the last whole hour, whichever is earlier (before 1 am
+    that is yesterday: the hour a run reads ends at the current hour's start, and an event
+    may not lie ahead)."""
     now = utcnow()
-    return datetime(now.year, now.month, now.day, 12, tzinfo=UTC) - days_ago * DAY
+    noon = datetime(now.year, now.month, now.day, 12, tzinfo=UTC)
+    if days_ago == 0:
+        return min(noon, now.replace(minute=0, second=0, microsecond=0) - timedelta(minutes=1))
+    return noon - days_ago * DAY
 
 
 def send(engine: Engine, settings: Any, tenant: str, quantities: list[tuple[int, int]],
@@ -75,7 +82,7 @@ def remapped(engine: Engine, fake: FakeStripe, settings: Any) -> dict[str, Any]:
     new = send(engine, settings, "initech", [(1, 5)], "new")
     with Session(engine) as db, db.begin():
         enqueue_usage(db, tenant_id="initech", quantity=7, meter=METER,
-                      idempotency_key="waiting", occurred_at=midday(0) - timedelta(hours=1))
+                      idempotency_key="waiting", occurred_at=midday(0))
     fake.forget("cus_initech", METER, midday(2).date())
     gateway = gateway_from(settings)
     assert gateway is not None
@@ -173,7 +180,7 @@ def test_the_overview_never_claims_a_match_over_nothing(
     assert "nothing compared yet" in tile and "mismatch" not in tile
     assert "good" not in html.split('data-k="reconciled"')[0].rsplit("<a", 1)[1]
     # The usage rows say "not compared yet", in the file too, never a blank.
-    today = utcnow().date().isoformat()
+    today = midday(0).date().isoformat()
     _, _, rows, _ = read_usage_csv(client_as("viewer").get(
         f"/tenants.csv?from={today}&to={today}").get_data(as_text=True))
     assert [(r["Tenant"], r["sent units"], r["Stripe units"], r["Stripe difference"],
