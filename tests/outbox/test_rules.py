@@ -11,15 +11,9 @@ from typing import Any
 from sqlalchemy import Engine, select
 
 from webapp.db import reading
+from webapp.outbox.guards import REQUEUE_AGE_LIMIT, REQUEUE_RULE, RequeueCheck, requeue_check
 from webapp.outbox.sql import T, rule_sql
-from webapp.outbox.states import (
-    ALL_STATUSES,
-    DEAD_PAST_WINDOW,
-    REQUEUE_AGE_LIMIT,
-    REQUEUE_RULE,
-    RequeueCheck,
-    requeue_check,
-)
+from webapp.outbox.states import ALL_STATUSES, DEAD_PAST_WINDOW
 
 WINDOW = 23 * 3600.0
 

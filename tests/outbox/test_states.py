@@ -12,34 +12,36 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from webapp.outbox.states import (
-    ALL_STATUSES,
+from webapp.outbox.guards import (
     CANCEL_MARGIN,
     CANCEL_WINDOW,
+    REQUEUE_AGE_LIMIT,
+    CancelCheck,
+    RequeueCheck,
+    cancel_check,
+    requeue_check,
+    requeue_permitted,
+)
+from webapp.outbox.states import (
+    ALL_STATUSES,
     COUNTED,
     DEAD_EXHAUSTED,
     DEAD_PAST_WINDOW,
     EDGES,
     MAX_AGE,
     RELEASING,
-    REQUEUE_AGE_LIMIT,
     CallResult,
-    CancelCheck,
     EventView,
     Move,
     Outcome,
     Policy,
-    RequeueCheck,
     Status,
     allowed,
-    cancel_check,
     idempotency_key,
     identifier_of,
     past_dedupe_window,
     released_status,
-    requeue_check,
     requeue_identifier,
-    requeue_permitted,
     targets,
     transition,
 )

@@ -2,7 +2,7 @@
 command (a real process) and the dashboard's requeue form. One table of cases; each door must
 refuse what the table refuses, changing nothing, and requeue what it allows.
 
-The rule itself is ``webapp.outbox.states.requeue_check``; this proves that both doors reach
+The rule itself is ``webapp.outbox.guards.requeue_check``; this proves that both doors reach
 it (a door with a guard of its own that drifted would fail here).
 """
 
@@ -16,7 +16,8 @@ import pytest
 from conftest import cli, worker_env
 
 from webapp.models import utcnow
-from webapp.outbox.states import DEAD_PAST_WINDOW, REQUEUE_AGE_LIMIT
+from webapp.outbox.guards import REQUEUE_AGE_LIMIT
+from webapp.outbox.states import DEAD_PAST_WINDOW
 
 from .conftest import csrf_of
 

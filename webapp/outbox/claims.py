@@ -32,7 +32,8 @@ from sqlalchemy import (
 from sqlalchemy import update as sa_update
 from sqlalchemy.dialects import postgresql
 
-from .sql import CLAIMABLE_SQL, PROCESSING_SQL, SENT_AS, TENANTS, T, id_in
+from .sendable import PG_SENDABLE_NOW, PG_WAITING, WAITING_SQL, sendable_now_sql
+from .sql import PROCESSING_SQL, SENT_AS, TENANTS, T, id_in
 from .states import EventView, Status, idempotency_key
 
 #: Where a claimed event goes back to without a call: pending if never called, else retrying.
@@ -120,9 +121,7 @@ WITH picked AS MATERIALIZED (
     SELECT o.id
     FROM stripe_usage_outbox AS o
     LEFT JOIN billing_tenants AS t ON t.tenant_id = o.tenant_id
-    WHERE o.status IN ('pending', 'retrying')
-      AND o.next_attempt_at <= :now
-      AND (o.stripe_customer_id IS NOT NULL OR t.stripe_customer_id IS NOT NULL)
+    WHERE {sendable}
       AND NOT (COALESCE(o.stripe_customer_id, t.stripe_customer_id) || chr(31) || o.meter
                = ANY(:avoid))
       {meters}
@@ -138,7 +137,7 @@ SET status = 'processing', claim_token = :token, claimed_by = :worker,
         (SELECT t.stripe_customer_id FROM billing_tenants AS t WHERE t.tenant_id = o.tenant_id)),
     first_attempt_at = COALESCE(o.first_attempt_at, :now)
 WHERE o.id = ANY(ARRAY(SELECT id FROM picked))
-  AND o.status IN ('pending', 'retrying')
+  AND {waiting}
 RETURNING o.id, o.tenant_id, o.meter, o.quantity,
           COALESCE(o.stripe_identifier, o.idempotency_key), o.occurred_at,
           o.stripe_customer_id, o.attempt_count, o.call_count, o.key_generation,
@@ -156,6 +155,7 @@ def _pg_claim(skipping: bool, meters: bool) -> Any:
     if meters:
         binds.append(bindparam("meters", type_=postgresql.ARRAY(String)))
     return text(_PG_CLAIM_SQL.format(
+        sendable=PG_SENDABLE_NOW, waiting=PG_WAITING,
         shards=f"AND NOT {_LANE_SHARD} = ANY(:skip_shards)" if skipping else "",
         meters="AND o.meter = ANY(:meters)" if meters else "")).bindparams(*binds)
 
@@ -230,8 +230,7 @@ def _sqlite_claim(token: str, worker: str, limit: int, now: datetime, deadline: 
     mapped = (select(TENANTS.c.stripe_customer_id)
               .where(TENANTS.c.tenant_id == T.c.tenant_id)
               .scalar_subquery())
-    conditions: list[Any] = [CLAIMABLE_SQL, T.c.next_attempt_at <= now,
-                             or_(T.c.stripe_customer_id.is_not(None), mapped.is_not(None))]
+    conditions: list[Any] = [*sendable_now_sql(now, mapped)]
     if lanes:
         conditions.append(func.coalesce(T.c.stripe_customer_id, mapped).concat("\x1f")
                           .concat(T.c.meter).not_in([f"{c}\x1f{m}" for c, m in lanes]))
@@ -243,7 +242,7 @@ def _sqlite_claim(token: str, worker: str, limit: int, now: datetime, deadline: 
                   processing_deadline_at=deadline, updated_at=now,
                   stripe_customer_id=func.coalesce(T.c.stripe_customer_id, mapped),
                   first_attempt_at=func.coalesce(T.c.first_attempt_at, now))
-    return (sa_update(T).where(T.c.id.in_(candidates), CLAIMABLE_SQL).values(**values)
+    return (sa_update(T).where(T.c.id.in_(candidates), WAITING_SQL).values(**values)
             .returning(*_CLAIM_COLUMNS))
 
 

@@ -11,9 +11,10 @@ from typing import Any
 
 from sqlalchemy import Connection, select
 
+from .guards import REQUEUE_AGE_LIMIT
 from .operations import OperationError
 from .sql import RECON_MISMATCHES, RECON_RUNS, T, as_utc
-from .states import REQUEUE_AGE_LIMIT, Status
+from .states import Status
 
 DAY = timedelta(days=1)
 #: Figures closer than this are equal (Stripe's values are floats).

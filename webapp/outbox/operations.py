@@ -22,22 +22,19 @@ from ..models import fit, fits, limit_of
 from .adjustments import CancelAnswer, KeptAdjustment, kept
 from .control import OPERATOR, set_paused
 from .customers import CustomerVerdicts
-from .rollups import lock_sent_mark, unfold_sent
-from .sql import SENT_AS, TENANTS, T, as_utc, id_in
-from .states import (
+from .guards import (
     CANCEL_REFUSALS,
-    NEEDS_A_PERSON,
     REQUEUE_REFUSALS,
     CancelCheck,
-    Move,
     RequeueCheck,
-    Status,
-    allowed,
     cancel_check,
     requeue_check,
-    requeue_identifier,
     requeue_permitted,
 )
+from .rollups import lock_sent_mark, unfold_sent
+from .sendable import NEEDS_A_PERSON
+from .sql import SENT_AS, TENANTS, T, as_utc, id_in
+from .states import Move, Status, allowed, requeue_identifier
 from .waiting import undefer_sendable
 
 RESOLVE_REASONS = {
@@ -154,7 +151,7 @@ def _load(conn: Connection, ids: Sequence[int]) -> dict[int, Any]:
 
 def requeue_checks(conn: Connection, ids: Sequence[int], *, now: datetime,
                    window_seconds: float) -> dict[int, RequeueCheck | None]:
-    """What a requeue may do with each event (:func:`~.states.requeue_check`); None for an id
+    """What a requeue may do with each event (:func:`~.guards.requeue_check`); None for an id
     that names no event."""
     return _checks(_load(conn, ids), ids, now, window_seconds)
 

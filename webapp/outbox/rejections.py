@@ -28,6 +28,7 @@ from ..models import fit, fit_key
 from . import refused
 from .customers import CustomerCheck
 from .rollups import lock_sent_mark, unfold_sent
+from .sendable import ON_ITS_WAY
 from .sql import ERROR_SAMPLES, SENT_AS, STRIPE_EVENTS, STRIPE_METERS, T, as_utc, insert_for
 from .states import Move, Status, allowed, identifier_of
 from .tracing import (
@@ -54,7 +55,6 @@ REJECTED, WAITING, ALREADY, STALE, UNMATCHED, AMBIGUOUS = (
 #: No customer lookups for a report after this many (a report of a huge request set is
 #: traced by samples and reconciliation; asking is bounded per report).
 MAX_CUSTOMERS_PER_REPORT = 500
-_IN_FLIGHT = (Status.PENDING.value, Status.PROCESSING.value, Status.RETRYING.value)
 
 
 @dataclass(frozen=True)
@@ -322,7 +322,7 @@ def _trace(s: ErrorSample, request: StreamRequestRecord, carried: Mapping[int, A
 
 def _state(ev: Any, done: set[int]) -> str:
     """What a sample does to an event it singled out (its identifier already checked)."""
-    if int(ev.id) in done or not (allowed(ev.status, Move.REJECT) or ev.status in _IN_FLIGHT):
+    if int(ev.id) in done or not (allowed(ev.status, Move.REJECT) or ev.status in ON_ITS_WAY):
         return ALREADY
     return REJECTED if allowed(ev.status, Move.REJECT) else WAITING
 

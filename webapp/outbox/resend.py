@@ -30,10 +30,11 @@ from sqlalchemy import update as sa_update
 
 from ..audit import write_audit
 from .findings import EPSILON, TOO_OLD, Bucket, Finding, Held, number, require_finding
+from .guards import REQUEUE_AGE_LIMIT
 from .operations import OperationError, fresh_identifier
 from .rollups import Mark, lock_sent_mark, unfold_sent
 from .sql import AUDIT, AUDIT_EVENTS, SENT_AS, T, as_utc, id_in, text_in
-from .states import REQUEUE_AGE_LIMIT, Move, Status, allowed, requeue_identifier
+from .states import Move, Status, allowed, requeue_identifier
 
 #: The audit log's name for a resend.
 ACTION = "resend"

@@ -38,6 +38,7 @@ from sqlalchemy import update as sa_update
 
 from ..audit import write_audit
 from .rollups import SENT_USAGE, read_mark
+from .sendable import FINAL, NEEDS_A_PERSON
 from .sql import (
     ATTEMPTS,
     EPOCH,
@@ -53,9 +54,7 @@ from .sql import (
 )
 
 #: The statuses a prune may remove: final, and nothing a person still has to look at.
-PRUNABLE = ("sent", "resolved", "cancelled")
-#: Kept whatever their age: a person has to handle them (the contract's ``kept_dead``).
-KEPT = ("dead", "rejected")
+PRUNABLE = ("sent", *FINAL)
 PRUNED = "pruned"
 #: Rows per transaction: small enough that a batch commits in a few milliseconds.
 BATCH_SIZE = 1000
@@ -135,7 +134,7 @@ def prune(engine: Engine, *, now: datetime, retention_days: int,
         mark = read_mark(conn, SENT_USAGE)
         result.kept_dead, result.kept_rejected = (
             int(conn.execute(select(func.count()).where(status_is(s), T.c.updated_at < cutoff))
-                .scalar_one()) for s in KEPT)
+                .scalar_one()) for s in NEEDS_A_PERSON)
         # Sent past the cutoff but not in the rollup: stamped after its watermark, or
         # written after its last fold. Two disjoint counts, each a short range of an index
         # (``ix_outbox_sent_at``, the primary key), never a scan of everything past it.

@@ -68,7 +68,8 @@ from ..models import (
     Tenant,
     User,
 )
-from .states import ALL_STATUSES, AnyOf, Condition, Equals, Not, OlderThan, StatusIn
+from .guards import AnyOf, Condition, Equals, Not, OlderThan, StatusIn
+from .states import ALL_STATUSES
 
 T = cast(Table, OutboxEvent.__table__)
 #: The identifier Stripe knows an event by: a new one after a rejected event's requeue,
@@ -101,9 +102,8 @@ RECON_MONTHS = cast(Table, ReconciledMonth.__table__)
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
-#: The claim's predicate (``ix_outbox_claimable``) and the rescuer's
-#: (``ix_outbox_processing_deadline``), as literal text.
-CLAIMABLE_SQL = text("stripe_usage_outbox.status IN ('pending', 'retrying')")
+#: The rescuer's predicate (``ix_outbox_processing_deadline``), as literal text (the claim's
+#: is ``webapp.outbox.sendable.WAITING_SQL``).
 PROCESSING_SQL = text(f"stripe_usage_outbox.{IN_FLIGHT_SQL}")
 
 
@@ -142,7 +142,7 @@ IN_FLIGHT = T.c.status == sql_str("processing")
 def condition_sql(cond: Condition, columns: Mapping[str, Any], *, now: datetime,
                   window_seconds: float) -> ColumnElement[bool]:
     """A rule's condition (``webapp.outbox.states``) as SQL over ``columns`` (field name ->
-    column): the same test :func:`webapp.outbox.states.holds` makes in Python."""
+    column): the same test :func:`webapp.outbox.guards.holds` makes in Python."""
     if isinstance(cond, StatusIn):
         return cast(ColumnElement[bool], columns["status"].in_(cond.statuses))
     if isinstance(cond, Equals):

@@ -27,9 +27,10 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, exists, select, update
+from sqlalchemy import Connection, Engine, and_, select, update
 
-from .sql import CLAIMABLE_SQL, STRIPE_METERS, SYNC_STATE, TENANTS, T, sql_str
+from .sendable import TENANT_MAPPED, WAITING_SQL
+from .sql import STRIPE_METERS, SYNC_STATE, T, sql_str
 
 #: An event that cannot be sent is put off once it is this old (a tenant mapped, or a meter
 #: created, within minutes of the first event never sees it happen).
@@ -39,15 +40,12 @@ DEFER_FOR = timedelta(minutes=10)
 #: At most this many events are put off by one statement.
 BATCH = 10_000
 
-#: The event's tenant has a Stripe customer.
-MAPPED = exists().where(TENANTS.c.tenant_id == T.c.tenant_id,
-                        TENANTS.c.stripe_customer_id.is_not(None))
 #: The event's meter may be sent to: kept ``active`` (a pre-aggregated one is kept
 #: ``pre_aggregated``), as :func:`webapp.outbox.meters.active_meters` picks them in Python.
 _ACTIVE_METER = T.c.meter.in_(select(STRIPE_METERS.c.event_name)
                               .where(STRIPE_METERS.c.status == sql_str("active")))
 #: Never claimed (a claim fixes the customer on the row), still pending.
-UNCLAIMED = (CLAIMABLE_SQL, T.c.status == sql_str("pending"), T.c.stripe_customer_id.is_(None))
+UNCLAIMED = (WAITING_SQL, T.c.status == sql_str("pending"), T.c.stripe_customer_id.is_(None))
 
 
 def meters_listed(conn: Connection) -> bool:
@@ -60,7 +58,7 @@ def meters_listed(conn: Connection) -> bool:
 def _sendable(listed: bool) -> Any:
     """An unclaimed event's tenant has a customer and, when Stripe's meters are listed, its
     meter is active."""
-    return and_(MAPPED, _ACTIVE_METER) if listed else MAPPED
+    return and_(TENANT_MAPPED, _ACTIVE_METER) if listed else TENANT_MAPPED
 
 
 def defer_unsendable(engine: Engine, *, now: datetime, limit: int = BATCH) -> int:
@@ -97,7 +95,7 @@ def waits_for(conn: Connection, event: dict[str, Any]) -> str | None:
     pre-aggregated: the meter's own row says which), or None."""
     if event["status"] != "pending" or event.get("stripe_customer_id"):
         return None
-    row = conn.execute(select(MAPPED.label("mapped"), _ACTIVE_METER.label("active"))
+    row = conn.execute(select(TENANT_MAPPED.label("mapped"), _ACTIVE_METER.label("active"))
                        .select_from(T).where(T.c.id == event["id"])).first()
     if row is None:
         return None
@@ -108,5 +106,5 @@ def waits_for(conn: Connection, event: dict[str, Any]) -> str | None:
     return None
 
 
-__all__ = ["BATCH", "DEFER_AFTER", "DEFER_FOR", "MAPPED", "UNCLAIMED", "defer_unsendable",
+__all__ = ["BATCH", "DEFER_AFTER", "DEFER_FOR", "UNCLAIMED", "defer_unsendable",
            "meters_listed", "undefer_sendable", "waits_for"]

@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import Connection, func, select, union_all
 
 from ..outbox.rollups import ROLLUPS, fold_target, read_mark, sent_total
+from ..outbox.sendable import WAITING
 from ..outbox.sql import (
     EPOCH,
     IDLE_UNSENT,
@@ -27,9 +28,9 @@ from ..outbox.sql import (
 )
 from ..outbox.states import ALL_STATUSES, MAX_AGE
 
-#: Statuses whose events still have to reach Stripe (dead ones only by a person's requeue).
-WAITING = ("pending", "processing", "retrying")
-UNSENT_OPEN = ("pending", "retrying", "dead")  # and those in flight (IN_FLIGHT)
+#: Unsent and not closed, but for those in flight (counted through IN_FLIGHT): on their way,
+#: or dead (sent again only by a person's requeue).
+UNSENT_OPEN = (*WAITING, "dead")
 #: Unsent statuses with a partial index of their own, counted through it.
 OWN_INDEX = ("dead", "resolved")
 #: The other unsent statuses, counted from their ranges of ``ix_outbox_unsent``.
@@ -109,7 +110,7 @@ def waiting_unmapped() -> Any:
     then one mapping test per tenant, not one per waiting event."""
     waiting = (select(T.c.tenant_id, func.count().label("n"),
                       func.min(T.c.occurred_at).label("oldest"))
-               .where(status_in(("pending", "retrying")), IDLE_UNSENT,
+               .where(status_in(WAITING), IDLE_UNSENT,
                       T.c.stripe_customer_id.is_(None))
                .group_by(T.c.tenant_id).subquery())
     mapped = (select(TENANTS.c.tenant_id)

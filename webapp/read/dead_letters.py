@@ -1,6 +1,6 @@
 """The Dead letters page: dead (or resolved) events filtered and keyset-paginated, grouped by
 error, and what a requeue would do with them — judged by the one requeue rule,
-:func:`webapp.outbox.states.requeue_check`, that the requeue itself applies."""
+:func:`webapp.outbox.guards.requeue_check`, that the requeue itself applies."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import Engine, and_, case, func, literal, or_, select, union_all
 
 from ..db import reading
+from ..outbox.guards import REQUEUE_RULE, RequeueCheck, requeue_check
 from ..outbox.operations import requeue_checks
 from ..outbox.sql import (
     DEAD_PIECES,
@@ -24,14 +25,7 @@ from ..outbox.sql import (
     rule_sql,
     status_is,
 )
-from ..outbox.states import (
-    DEAD_EXHAUSTED,
-    DEAD_PAST_WINDOW,
-    MAX_AGE,
-    REQUEUE_RULE,
-    RequeueCheck,
-    requeue_check,
-)
+from ..outbox.states import DEAD_EXHAUSTED, DEAD_PAST_WINDOW, MAX_AGE
 from .counts import NEAR_LIMIT
 from .paging import Cursor, Page, keyset
 from .usage_sources import many_rows
@@ -126,7 +120,7 @@ DEAD_COLUMNS = (T.c.id, T.c.tenant_id, T.c.meter, T.c.quantity, T.c.idempotency_
 
 
 def check_row(row: dict[str, Any], *, now: datetime, window_seconds: float) -> RequeueCheck:
-    """:func:`~webapp.outbox.states.requeue_check` for a row read by this module."""
+    """:func:`~webapp.outbox.guards.requeue_check` for a row read by this module."""
     return requeue_check(status=row["status"], occurred_at=row["occurred_at"],
                          dead_reason=row.get("dead_reason"),
                          first_unknown_at=row.get("first_unknown_at"), now=now,

@@ -19,6 +19,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, false, func, select
 
 from ..db import exporting, reading
+from ..outbox.sendable import WAITING
 from ..outbox.sql import (
     AUDIT_EVENTS,
     ERROR_SAMPLES,
@@ -57,7 +58,6 @@ WHY = {"unknown_past_window": "outcome unknown past the 24 h window",
 AGES = {"near": "within 7 days of Stripe's 35-day limit", "over": "past Stripe's 35-day limit"}
 #: The statuses the age limit and "due" apply to (as ``counts.age_limits`` and the claim).
 AGE_STATUSES = (*UNSENT_OPEN, "processing")
-DUE_STATUSES = ("pending", "retrying")
 #: The statuses of events Stripe accepted (the ones with a ``sent_at``).
 SENT_STATUSES = ("sent", "rejected", "cancelled")
 
@@ -211,7 +211,7 @@ def _day_start(day: date) -> datetime:
 def _statuses(f: EventFilters) -> tuple[str, ...] | None:
     """The statuses the filters allow (None: any), each filter narrowing the others."""
     allowed: set[str] | None = set(f.status) if f.status else None
-    for implied in ((DUE_STATUSES if f.due else None), (AGE_STATUSES if f.age else None),
+    for implied in ((WAITING if f.due else None), (AGE_STATUSES if f.age else None),
                     (SENT_STATUSES if f.sent_from or f.sent_to else None)):
         if implied is not None:
             allowed = set(implied) if allowed is None else allowed & set(implied)

@@ -27,14 +27,15 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, false, func, or_, select
+from sqlalchemy import Connection, false, func, select
 
 from ..outbox import sync
 from ..outbox.control import pause_state
 from ..outbox.meters import active_meters, known_meter
-from ..outbox.sql import CLAIMABLE_SQL, TENANTS, T, as_utc, status_is
+from ..outbox.sendable import TENANT_MAPPED, WAITING_SQL, addressed, due, sendable_now_sql
 from ..outbox.sql import HEARTBEATS as H
-from ..outbox.waiting import DEFER_FOR, MAPPED, UNCLAIMED
+from ..outbox.sql import TENANTS, T, as_utc, status_is
+from ..outbox.waiting import DEFER_FOR, UNCLAIMED
 from .words import pre_aggregated_words
 
 #: Nothing sent for this long while events are due: stalled.
@@ -201,17 +202,16 @@ def _due(conn: Connection, now: datetime, active: set[str] | None) -> _Due:
     meters' event names, None before the meters were ever read). Events of tenants without a
     customer are left out: they wait for a mapping (an alert of their own)."""
     picked = (select(T.c.next_attempt_at, T.c.meter, T.c.tenant_id, T.c.stripe_customer_id)
-              .where(CLAIMABLE_SQL, T.c.next_attempt_at <= now)
+              .where(WAITING_SQL, due(now))
               .order_by(T.c.next_attempt_at, T.c.id).limit(SAMPLE).subquery())
     rows = conn.execute(
-        select(picked.c.next_attempt_at, picked.c.meter,
-               (picked.c.stripe_customer_id.is_not(None)
-                | TENANTS.c.stripe_customer_id.is_not(None)).label("mapped"))
+        select(picked.c.next_attempt_at, picked.c.meter, picked.c.stripe_customer_id,
+               TENANTS.c.stripe_customer_id.label("tenant_customer"))
         .select_from(picked.outerjoin(TENANTS, TENANTS.c.tenant_id == picked.c.tenant_id))
     ).all()
     sendable, oldest, held = 0, None, dict[str, int]()
-    for at, meter, mapped in rows:
-        if not mapped:
+    for at, meter, customer, tenant_customer in rows:
+        if not addressed(customer, tenant_customer):
             continue
         if active is not None and meter not in active:
             held[meter] = held.get(meter, 0) + 1
@@ -257,7 +257,8 @@ def _waiting_for_customer(conn: Connection, now: datetime) -> tuple[int, bool]:
     order, and the read stops at the limit); and whether there were that many. Read only when
     nothing else is due, so that Idle does not say "nothing is due" while they wait for a
     mapping."""
-    picked = (select(T.c.id).where(*UNCLAIMED, T.c.next_attempt_at <= now + DEFER_FOR, ~MAPPED)
+    picked = (select(T.c.id)
+              .where(*UNCLAIMED, T.c.next_attempt_at <= now + DEFER_FOR, ~TENANT_MAPPED)
               .limit(SAMPLE).subquery())
     n = int(conn.execute(select(func.count()).select_from(picked)).scalar_one())
     return n, n >= SAMPLE
@@ -267,8 +268,7 @@ def _oldest_sendable(conn: Connection, now: datetime,
                      active: set[str] | None) -> datetime | None:
     """When the oldest due event a drainer can send came due (the claim's index, past the
     events that wait for a meter or a customer); None if there is none."""
-    where: list[Any] = [CLAIMABLE_SQL, T.c.next_attempt_at <= now,
-                        or_(T.c.stripe_customer_id.is_not(None), MAPPED)]
+    where: list[Any] = [*sendable_now_sql(now)]
     if active is not None:
         where.append(T.c.meter.in_(sorted(active)) if active else false())
     return as_utc(conn.execute(select(T.c.next_attempt_at).where(*where)

@@ -16,9 +16,9 @@ from sqlalchemy import Connection, Engine, func, select
 from ..db import reading
 from ..outbox import sync
 from ..outbox.control import PauseState, pause_state
+from ..outbox.sendable import ON_ITS_WAY, WAITING
 from ..outbox.sql import ATTEMPTS, T, status_is
 from .counts import (
-    WAITING,
     UnmappedTenant,
     age_limits,
     oldest_waiting,
@@ -94,7 +94,7 @@ class Overview:
 
     @property
     def waiting(self) -> int:
-        return sum(self.counts[s] for s in WAITING)
+        return sum(self.counts[s] for s in ON_ITS_WAY)
 
     @property
     def sent_last_hour(self) -> int:
@@ -149,7 +149,7 @@ def attempt_rates(conn: Connection, *, since: datetime) -> AttemptRates:
 
 #: Unmapped tenants with an alert of their own (the rest are summed up in one).
 UNMAPPED_ALERTS = 5
-WAITING_STATUSES = list(WAITING)
+WAITING_STATUSES = list(ON_ITS_WAY)
 
 
 #: The alert's title for each state of sending that needs a person; its level and words are
@@ -223,7 +223,7 @@ def _alerts(ov: Overview, oldest_alert: timedelta) -> list[Alert]:
                             pre_aggregated_words(w.window) if w.window else
                             f"Stripe has no active meter named {w.meter!r} ({w.status}): "
                             "create or reactivate it in Stripe; they go out once it exists.",
-                            EVENTS, {"meter": w.meter, "status": ["pending", "retrying"]},
+                            EVENTS, {"meter": w.meter, "status": list(WAITING)},
                             "See Stripe's meters", "stripe_side.index"))
     rec = ov.last_reconciliation
     if rec is not None and rec.mismatches:
@@ -240,7 +240,7 @@ def _alerts(ov: Overview, oldest_alert: timedelta) -> list[Alert]:
                             f"{u.events:,} event{'s' if u.events != 1 else ''} waiting",
                             "Its events wait, neither attempted nor dead-lettered, until it "
                             "is mapped.",
-                            EVENTS, {"tenant": u.tenant_id, "status": ["pending", "retrying"]},
+                            EVENTS, {"tenant": u.tenant_id, "status": list(WAITING)},
                             "Map the tenant", "tenants.mappings", {"tenant": u.tenant_id}))
     if len(ov.unmapped) > UNMAPPED_ALERTS:
         rest = ov.unmapped[UNMAPPED_ALERTS:]

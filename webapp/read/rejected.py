@@ -10,8 +10,9 @@ from typing import Any
 from sqlalchemy import Engine, func, select
 
 from ..db import reading
+from ..outbox.guards import RequeueCheck, requeue_check
 from ..outbox.sql import TENANTS, T, as_utc, int_sum, status_is, text_in
-from ..outbox.states import MAX_AGE, RequeueCheck, requeue_check
+from ..outbox.states import MAX_AGE
 from .counts import NEAR_LIMIT
 from .paging import Cursor, Page, keyset
 

@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, cast, func, select
 
 from ..db import reading
+from ..outbox.sendable import WAITING
 from ..outbox.sql import IDLE_UNSENT, T, row_dict, sql_str, status_in, status_is
 
 
@@ -70,7 +71,7 @@ def retries(engine: Engine, *, now: datetime, split: str = "outcome",
                    T.c.call_count, T.c.next_attempt_at, T.c.last_outcome, T.c.last_error_code,
                    T.c.last_http_status, T.c.last_error_message, T.c.first_unknown_at,
                    T.c.occurred_at)
-            .where(status_in(("pending", "retrying")), T.c.status == "retrying")
+            .where(status_in(WAITING), T.c.status == "retrying")
             .order_by(T.c.next_attempt_at, T.c.id).limit(limit)).all()
         total = int(conn.execute(select(func.count()).where(status_is("retrying"), IDLE_UNSENT))
                     .scalar_one())

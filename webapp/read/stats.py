@@ -10,8 +10,9 @@ from ..db import reading
 from ..models import IN_FLIGHT_SQL, WAITING_IDLE_SQL
 from ..outbox.control import pause_state
 from ..outbox.retention import pruned_totals
-from ..outbox.sql import TENANTS, T, as_utc
-from ..outbox.states import ALL_STATUSES, Status
+from ..outbox.sendable import UNADDRESSED_SQL, WAITING_SQL
+from ..outbox.sql import T, as_utc
+from ..outbox.states import ALL_STATUSES
 from .health import health
 
 
@@ -35,11 +36,7 @@ def stats(engine: Engine, *, now: datetime, api_key_here: bool = True,
         oldest = min((at for at in found if at is not None), default=None)
         unmapped = conn.execute(
             select(func.count()).select_from(T)
-            .where(T.c.status.in_([Status.PENDING.value, Status.RETRYING.value]),
-                   T.c.stripe_customer_id.is_(None),
-                   ~select(TENANTS.c.tenant_id).where(
-                       TENANTS.c.tenant_id == T.c.tenant_id,
-                       TENANTS.c.stripe_customer_id.is_not(None)).exists())).scalar_one()
+            .where(WAITING_SQL, UNADDRESSED_SQL)).scalar_one()
         switch = pause_state(conn)
         state = health(conn, now=now, api_key_here=api_key_here)
         pruned, pruned_units, last_pruned = pruned_totals(conn)

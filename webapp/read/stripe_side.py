@@ -11,6 +11,7 @@ from sqlalchemy import Connection, Engine, case, func, select
 from ..db import reading
 from ..outbox import sync
 from ..outbox.meters import ACTIVE, known_meters
+from ..outbox.sendable import WAITING
 from ..outbox.sql import (
     ERROR_SAMPLES,
     IDLE_UNSENT,
@@ -41,7 +42,7 @@ def waiting_for_meters(conn: Connection) -> list[WaitingForMeter]:
         return []
     meters = known_meters(conn)
     rows = conn.execute(select(T.c.meter, func.count())
-                        .where(status_in(("pending", "retrying")), IDLE_UNSENT)
+                        .where(status_in(WAITING), IDLE_UNSENT)
                         .group_by(T.c.meter)).all()
     out = []
     for meter, n in rows:

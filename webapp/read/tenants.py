@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, Select, func, select
 
 from ..db import reading
+from ..outbox.sendable import WAITING
 from ..outbox.sql import (
     IDLE_UNSENT,
     TENANTS,
@@ -173,7 +174,7 @@ def tenant_detail(engine: Engine, tenant_id: str, *, start: date, end: date,
                       limit=limit, key="created_at",
                       parts=(T.c.status != sql_str("processing"), status_is("processing")))
         waiting = int(conn.execute(select(func.count()).where(
-            status_in(("pending", "retrying")), IDLE_UNSENT, T.c.tenant_id == tenant_id))
+            status_in(WAITING), IDLE_UNSENT, T.c.tenant_id == tenant_id))
             .scalar_one())
         daily = sent_by_occurrence_day(conn, end, (end - start).days + 1, tenant_id=tenant_id)
     return TenantDetail(tenant_id, row_dict(tenant) if tenant else None, usage, page, waiting,

@@ -9,12 +9,11 @@ from datetime import datetime
 from sqlalchemy import Engine, func, select
 
 from ..db import reading
+from ..outbox.sendable import NEEDS_A_PERSON, ON_ITS_WAY
 from ..outbox.sql import AUDIT, AUDIT_EVENTS, T, row_dict
 
 #: What became of requeued events, in the words of the tracking summary.
 SETTLED_SENT = ("sent",)
-STILL_WAITING = ("pending", "processing", "retrying")
-FAILED_AGAIN = ("dead", "rejected")
 
 
 @dataclass(frozen=True)
@@ -64,8 +63,8 @@ def tracking(engine: Engine, audit_ids: tuple[int, ...]) -> Tracking | None:
             .group_by(T.c.status))}
     total = sum(by.values())
     sent = sum(by.get(s, 0) for s in SETTLED_SENT)
-    waiting = sum(by.get(s, 0) for s in STILL_WAITING)
-    failed = sum(by.get(s, 0) for s in FAILED_AGAIN)
+    waiting = sum(by.get(s, 0) for s in ON_ITS_WAY)
+    failed = sum(by.get(s, 0) for s in NEEDS_A_PERSON)
     first = row_dict(entries[0])
     actions = sorted({str(e.action) for e in entries})
     return Tracking(audit_ids, " and ".join(actions), first["actor"], first["at"], total,

@@ -6,8 +6,10 @@ from __future__ import annotations
 from flask import Blueprint, abort, flash, redirect, url_for
 from flask.typing import ResponseReturnValue
 
+from ..outbox.guards import CANCEL_REFUSALS, CancelCheck, cancel_check
 from ..outbox.operations import RESOLVE_REASONS
-from ..outbox.states import ALL_STATUSES, CANCEL_REFUSALS, CancelCheck, cancel_check
+from ..outbox.sendable import NEEDS_A_PERSON
+from ..outbox.states import ALL_STATUSES
 from ..read import event_list as lists
 from ..read.dead_letters import check_row
 from ..read.events import EventDetail, event_detail
@@ -97,7 +99,7 @@ def show(event_id: int) -> ResponseReturnValue:
     ev = detail.event
     requeue = (check_row(ev, now=now(),
                          window_seconds=svc().settings.dedupe_window_seconds).value
-               if ev["status"] in ("dead", "rejected") else None)
+               if ev["status"] in NEEDS_A_PERSON else None)
     cancel = cancel_check(status=ev["status"], sent_at=ev["sent_at"], now=now())
     reason = (reason_text(ev["reject_code"], customer=ev["stripe_customer_id"],
                           meter=ev["meter"], message=ev["reject_message"])
