@@ -152,7 +152,7 @@ class Settings:
                              or STRIPE_API_BASE_DEFAULT),
             stripe_meter_events_base=_url("STRIPE_METER_EVENTS_BASE",
                                           env.get("STRIPE_METER_EVENTS_BASE")),
-            stripe_meter_event_name=_meter(env.get("STRIPE_METER_EVENT_NAME"), "api_requests"),
+            stripe_meter_event_name=default_meter(env),
             stripe_timeout_seconds=_number(env, "STRIPE_TIMEOUT_SECONDS", 10.0, low=0.1, high=120),
             stripe_max_requests_per_second=_number(
                 env, "STRIPE_MAX_REQUESTS_PER_SECOND", default_rate(api, api_key),
@@ -330,6 +330,14 @@ def _url(name: str, raw: str | None) -> str | None:
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
         raise ConfigError(f"{name} must be an http(s) URL, got {raw!r}")
     return url
+
+
+def default_meter(env: Mapping[str, str] | None = None) -> str:
+    """The meter an event that names none goes to (``STRIPE_METER_EVENT_NAME``), read as
+    :meth:`Settings.from_env` reads it: ``enqueue_usage`` runs in the application's own
+    process, which may never build the settings."""
+    return _meter((os.environ if env is None else env).get("STRIPE_METER_EVENT_NAME"),
+                  "api_requests")
 
 
 def _meter(raw: str | None, default: str) -> str:

@@ -14,6 +14,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from werkzeug.security import check_password_hash, generate_password_hash
 
+from . import login_throttle
 from .audit import write_audit
 from .models import User
 
@@ -196,11 +197,15 @@ def change_password(engine: Engine, user_id: int, current: str, new: str, *,
 
 def reset_password(engine: Engine, user_id: int, *, now: datetime, actor: str) -> tuple[str, str]:
     """An admin's reset: a new random password, shown once to the admin, that the user must
-    change at their next log-in. Every session of theirs ends. Returns (email, password)."""
+    change at their next log-in. Every session of theirs ends, and a log-in lock on the
+    account is lifted in the same transaction, whichever door the reset came through (the
+    users page or the CLI: the way back in for a locked-out person). Returns (email,
+    password)."""
     password = secrets.token_urlsafe(12)
     with engine.begin() as conn:
         email = _change(conn, user_id, password_hash=hash_password(password),
                         must_change_password=True, password_changed_at=now)
+        login_throttle.clear(conn, login_throttle.account_key(email))
         write_audit(conn, actor=actor, action="password_reset", note=email, now=now)
     return email, password
 

@@ -91,10 +91,10 @@ def test_groups_partition_the_statuses_and_match_the_claims_index() -> None:
     groups = (sendable.WAITING, sendable.IN_FLIGHT, sendable.NEEDS_A_PERSON, sendable.FINAL,
               ("sent",))
     assert sorted(itertools.chain(*groups)) == sorted(ALL_STATUSES)
-    assert sendable.ON_ITS_WAY == (*sendable.WAITING, *sendable.IN_FLIGHT)
+    assert (*sendable.WAITING, *sendable.IN_FLIGHT) == sendable.ON_ITS_WAY
     index = next(i for i in T.indexes if i.name == "ix_outbox_claimable")
     predicate = str(index.dialect_options["postgresql"]["where"])
     assert predicate == "status IN ('pending', 'retrying')"
     assert str(sendable.WAITING_SQL) == f"stripe_usage_outbox.{predicate}"
-    assert sendable.PG_WAITING == f"o.{predicate}"
+    assert f"o.{predicate}" == sendable.PG_WAITING
     assert str(text(sendable.PG_SENDABLE_NOW)).startswith(sendable.PG_WAITING)

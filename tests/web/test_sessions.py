@@ -13,6 +13,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 from sqlalchemy import Engine, select
 
+from webapp import login_throttle
 from webapp.models import AuditEntry, User, utcnow
 from webapp.services import services_of
 from webapp.users import password_problem, set_active, set_role
@@ -138,6 +139,23 @@ def test_a_refused_password_change_says_why_and_changes_nothing(app, client_as, 
     assert resp.status_code == 400 and says in resp.get_data(as_text=True)
     assert me.get("/").status_code == 200
     assert login(app.test_client(), users["viewer"]).status_code == 303
+
+
+def test_a_reset_from_the_users_page_lifts_the_log_in_lock(app, client_as, users,
+                                                          engine) -> None:
+    """The same rule as the CLI's reset: a locked-out person gets back in with the temporary
+    password an admin reads on the users page."""
+    person = app.test_client()
+    for _ in range(login_throttle.ACCOUNT.failures):
+        login(person, users["operator"], "somebody-guessing")
+    assert login(person, users["operator"]).status_code == 429
+    admin = client_as("admin")
+    page = admin.post(f"/users/{user_id(engine, users['operator'])}/reset-password",
+                      data={"csrf_token": csrf_of(admin)})
+    temporary = re.search(r'id="temporary-password">([^<]+)<',
+                          page.get_data(as_text=True)).group(1)
+    resp = login(app.test_client(), users["operator"], temporary)
+    assert resp.status_code == 303 and resp.headers["Location"].endswith("/account/password")
 
 
 def test_an_admin_reset_must_be_changed_at_the_next_log_in(app, client_as, users,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import os
 from datetime import datetime
 from typing import Any, cast
 
@@ -11,7 +10,9 @@ from sqlalchemy import Table, bindparam, inspect, literal, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, make_transient_to_detached
 
+from ..config import default_meter
 from ..models import OutboxEvent, utcnow
+from .ids import text_problem
 from .states import MAX_AGE, MAX_AHEAD, Status
 
 MAX_QUANTITY = 10**15 - 1          # Stripe: at most 15 significant digits
@@ -37,21 +38,10 @@ class IdempotencyConflict(Exception):
         self.differences = differences
 
 
-def default_meter() -> str:
-    """The meter used when an event names none: STRIPE_METER_EVENT_NAME or ``api_requests``."""
-    return os.environ.get("STRIPE_METER_EVENT_NAME") or "api_requests"
-
-
-def _check_text(field: str, value: object, *, ascii_only: bool) -> str:
-    if not isinstance(value, str) or value == "":
-        raise InvalidUsage(field, "must be a non-empty string")
-    if len(value) > 100:
-        raise InvalidUsage(field, f"must be at most 100 characters (got {len(value)})")
-    if ascii_only and not all(" " <= ch <= "~" for ch in value):
-        raise InvalidUsage(field, "must be printable ASCII")
-    if not value.isprintable() or value.strip() != value:
-        raise InvalidUsage(field, "must be printable, without surrounding spaces")
-    return value
+def _check_text(field: str, value: object, *, ascii_only: bool) -> None:
+    problem = text_problem(value, ascii_only=ascii_only)
+    if problem:
+        raise InvalidUsage(field, problem)
 
 
 def validate_usage(*, tenant_id: object, quantity: object, idempotency_key: object,

@@ -18,7 +18,7 @@ from sqlalchemy.exc import IntegrityError
 
 from ..audit import AUDIT, write_audit
 from ..db import reading as reading_conn
-from ..models import fit, fits, limit_of
+from ..models import fit
 from .adjustments import CancelAnswer, KeptAdjustment, kept
 from .control import OPERATOR, set_paused
 from .customers import CustomerVerdicts
@@ -31,6 +31,7 @@ from .guards import (
     requeue_check,
     requeue_permitted,
 )
+from .ids import customer_id_problem, tenant_id_problem
 from .rollups import lock_sent_mark, unfold_sent
 from .sendable import NEEDS_A_PERSON
 from .sql import SENT_AS, TENANTS, T, as_utc, id_in
@@ -95,19 +96,11 @@ def set_tenant(engine: Engine, tenant_id: str, *, stripe_customer_id: str | None
 
 
 def mapping_problem(tenant_id: str, stripe_customer_id: str | None) -> str | None:
-    """Why this tenant id or customer id cannot be a mapping, before anyone asks Stripe: a
-    tenant id that is not 1–100 printable characters, a customer id that does not start with
-    ``cus_`` or is longer than its column. None when both can."""
-    if not tenant_id or len(tenant_id) > 100 or not tenant_id.isprintable():
-        return "tenant id must be 1–100 printable characters"
-    if stripe_customer_id is not None and not stripe_customer_id.startswith("cus_"):
-        return f"Stripe customer ids start with cus_, got {stripe_customer_id!r}"
-    if stripe_customer_id is not None and not fits(TENANTS.c.stripe_customer_id,
-                                                   stripe_customer_id):
-        # Never cut: a cut id would bill another customer, or none.
-        return (f"a Stripe customer id is at most "
-                f"{limit_of(TENANTS.c.stripe_customer_id)} printable characters")
-    return None
+    """Why this tenant id or customer id cannot be a mapping, before anyone asks Stripe
+    (:mod:`webapp.outbox.ids`: the tenant id enqueue takes, a customer id Stripe could
+    have). None when both can."""
+    return tenant_id_problem(tenant_id) or (
+        customer_id_problem(stripe_customer_id) if stripe_customer_id is not None else None)
 
 
 def _save_tenant(engine: Engine, tenant_id: str, *, stripe_customer_id: str | None,

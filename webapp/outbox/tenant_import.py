@@ -21,7 +21,6 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -31,15 +30,15 @@ from sqlalchemy import update as sa_update
 from sqlalchemy.exc import IntegrityError
 
 from ..audit import write_audit
-from ..models import fit, fits, limit_of
+from ..models import fit
 from .customers import NOT_IN_STRIPE_ADVICE, UNASKED_ADVICE, CustomerVerdicts
+from .ids import customer_id_problem, tenant_id_problem
 from .operations import OperationError
 from .sql import TENANTS, text_in
 from .waiting import undefer_sendable
 
 COLUMNS = ("tenant_id", "stripe_customer_id", "name")
 #: Stripe's customer ids: ``cus_`` and letters and digits.
-CUSTOMER_ID = re.compile(r"cus_[A-Za-z0-9]+\Z")
 #: Lines written (and existing tenants read) per statement.
 BATCH = 2000
 #: Bad lines reported at most; the count says how many there were in all.
@@ -149,16 +148,7 @@ def read_file(lines: Iterable[str]) -> tuple[list[Mapping], ImportPlan]:
 
 def refused(tenant: str, customer: str) -> str | None:
     """Why this tenant id or customer id cannot be mapped, or None."""
-    if not tenant:
-        return "the tenant id is empty"
-    if len(tenant) > 100 or not tenant.isprintable():
-        return f"tenant id {tenant[:40]!r} is not 1–100 printable characters"
-    if not CUSTOMER_ID.match(customer):
-        return (f"Stripe customer id {customer[:40]!r} is not cus_ followed by letters and "
-                "digits")
-    if not fits(TENANTS.c.stripe_customer_id, customer):
-        return f"Stripe customer id is longer than {limit_of(TENANTS.c.stripe_customer_id)}"
-    return None
+    return tenant_id_problem(tenant) or customer_id_problem(customer)
 
 
 def refuse_customers(rows: Iterable[Mapping], out: ImportPlan,

@@ -22,7 +22,9 @@ from flask.cli import FlaskGroup
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from ..config import ConfigError
+from ..outbox.operations import RESOLVE_REASONS
 from ..services import Services, services_of
+from ..users import ROLES
 
 
 class CommandError(click.ClickException):
@@ -174,7 +176,7 @@ def users() -> None:
 
 @users.command("create")
 @click.argument("email")
-@click.option("--role", required=True, type=click.Choice(["viewer", "operator", "admin"]))
+@click.option("--role", required=True, type=click.Choice(ROLES))
 @click.option("--password-stdin", is_flag=True, help="Read the password from standard input.")
 def users_create(email: str, role: str, password_stdin: bool) -> None:
     """Create a user; the password comes from a prompt or standard input."""
@@ -200,7 +202,7 @@ def _on_user(email: str, change: Callable[..., str], *args: object) -> str:
 
 @users.command("set-role")
 @click.argument("email")
-@click.option("--role", required=True, type=click.Choice(["viewer", "operator", "admin"]))
+@click.option("--role", required=True, type=click.Choice(ROLES))
 def users_set_role(email: str, role: str) -> None:
     """Give a user another role; their sessions end."""
     from ..users import set_role
@@ -240,14 +242,11 @@ def users_end_sessions(email: str) -> None:
 def users_reset_password(email: str) -> None:
     """A new random password, printed once; the user must change it at their next log-in.
     Also lifts a log-in lock on the account (the way back in for a locked-out admin)."""
-    from .. import login_throttle
     from ..users import reset_password, user_id_by_email
 
     engine = _svc().engine
     done, password = reset_password(engine, user_id_by_email(engine, email),
                                     now=_svc().clock(), actor=actor())
-    with engine.begin() as conn:
-        login_throttle.clear(conn, login_throttle.account_key(done))
     click.echo(f"temporary password for {done} (shown once; they must change it): {password}")
 
 
@@ -293,8 +292,7 @@ def requeue(ids: tuple[int, ...], force: bool) -> None:
 @click.command("resolve")
 @click.argument("ids", nargs=-1, type=int, required=True)
 @click.option("--reason", required=True,
-              type=click.Choice(["billed_manually", "duplicate", "customer_churned",
-                                 "written_off", "other"]))
+              type=click.Choice(list(RESOLVE_REASONS)))
 @click.option("--note", required=True)
 def resolve(ids: tuple[int, ...], reason: str, note: str) -> None:
     """Close dead or rejected events by hand, with a reason and a note (kept in history)."""

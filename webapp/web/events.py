@@ -7,6 +7,7 @@ from flask import Blueprint, abort, flash, redirect, url_for
 from flask.typing import ResponseReturnValue
 
 from ..outbox.guards import CANCEL_REFUSALS, CancelCheck, cancel_check
+from ..outbox.ids import CUSTOMER_ID_PATTERN
 from ..outbox.operations import RESOLVE_REASONS
 from ..outbox.sendable import NEEDS_A_PERSON
 from ..outbox.states import ALL_STATUSES
@@ -42,7 +43,7 @@ Q = Text("q", 100)
 #: The events list's filters (``read.event_list.EventFilters``).
 STATUS = Choices("status", ALL_STATUSES)
 TENANT = Text("tenant", 100)
-CUSTOMER = Text("customer", 255, pattern=r"cus_[A-Za-z0-9_]+")
+CUSTOMER = Text("customer", 255, pattern=CUSTOMER_ID_PATTERN)
 METER = Text("meter", 100)
 CREATED_FROM, CREATED_TO = Day("created_from"), Day("created_to")
 OCCURRED_FROM, OCCURRED_TO = Day("occurred_from"), Day("occurred_to")
