@@ -11,7 +11,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "webapp"
 MODULES = sorted(p for p in PACKAGE.rglob("*.py") if "migrations" not in p.parts)
-MAX_LINES = 450
+MAX_LINES = 400
 
 
 def module_name(path: Path) -> str:

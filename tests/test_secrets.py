@@ -15,8 +15,9 @@ from sqlalchemy import insert
 from sqlalchemy.exc import IntegrityError
 
 from webapp import create_app
-from webapp.config import ConfigError, Settings, secret_key_problem
+from webapp.config import ConfigError, Settings
 from webapp.db import make_engine
+from webapp.env_values import secret_key_problem
 from webapp.logging_setup import REDACTOR, Redactor
 from webapp.models import User, utcnow
 from webapp.users import hash_password

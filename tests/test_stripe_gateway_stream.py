@@ -276,7 +276,7 @@ def test_a_check_failed_after_the_200_is_reported_where_the_poller_reads_it(
     assert result.keys == ("bo-stream-one",) * 3
     since = datetime.now(UTC) - timedelta(minutes=5)
     assert fake.flush_reports()
-    from webapp.outbox.rejections import REPORT_TYPES
+    from webapp.outbox.error_reports import REPORT_TYPES
 
     listed = list(gateway.list_events(REPORT_TYPES, created_gte=since))
     assert len(listed) == 1

@@ -14,6 +14,7 @@ from sqlalchemy import Engine
 from . import config
 from .config import ConfigError, Settings, embedded_secret_key
 from .db import make_engine, make_session_factory
+from .env_values import secret_key_problem
 from .logging_setup import Redactor, configure_logging, install_redaction
 from .services import EXTENSION, Services, services_of
 
@@ -100,7 +101,7 @@ def _secret_key(settings: Settings, testing: bool) -> str:
     (short, one character repeated, a placeholder) stops start-up with one line naming it."""
     if settings.secret_key:
         if not (testing or _is_debug() or _is_embedded(settings)):
-            problem = config.secret_key_problem(settings.secret_key)
+            problem = secret_key_problem(settings.secret_key)
             if problem:
                 raise ConfigError(f"{problem}; generate one with {GENERATE_KEY}")
         return settings.secret_key

@@ -6,14 +6,15 @@ line naming the variable (``ConfigError``); nothing falls back silently.
 
 from __future__ import annotations
 
-import math
 import os
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
+
+from .env_values import ConfigError as ConfigError
+from .env_values import boolean, choice, integer, number, url
 
 #: Where the embedded default keeps its database file and generated secret key.
 INSTANCE_DIR = Path(os.environ.get("BILLING_OUTBOX_INSTANCE_DIR", Path.cwd() / "instance"))
@@ -48,10 +49,6 @@ CONNECT_TIMEOUT_SECONDS = 3.05
 #: Stripe accepts a meter event up to 35 days after its timestamp: the rows must outlive that
 #: (a late duplicate of a pruned event is then refused by Stripe as too old, never billed).
 MIN_RETENTION_DAYS = 36
-
-
-class ConfigError(ValueError):
-    """A configuration value is missing, unparseable or unsafe. The message names the variable."""
 
 
 @dataclass(frozen=True)
@@ -142,57 +139,57 @@ class Settings:
     def from_env(cls, env: Mapping[str, str] | None = None, *, testing: bool = False) -> Settings:
         """Parse and validate the environment; raise ``ConfigError`` naming the bad variable."""
         env = os.environ if env is None else env
-        api = _choice(env, "STRIPE_METER_EVENT_API", "v1", METER_EVENT_APIS)
+        api = choice(env, "STRIPE_METER_EVENT_API", "v1", METER_EVENT_APIS)
         api_key = _api_key(env.get("STRIPE_API_KEY"))
         settings = cls(
             database_url=_database_url(env.get("DATABASE_URL")),
             secret_key=env.get("SECRET_KEY") or None,
             stripe_api_key=api_key,
-            stripe_api_base=(_url("STRIPE_API_BASE", env.get("STRIPE_API_BASE"))
+            stripe_api_base=(url("STRIPE_API_BASE", env.get("STRIPE_API_BASE"))
                              or STRIPE_API_BASE_DEFAULT),
-            stripe_meter_events_base=_url("STRIPE_METER_EVENTS_BASE",
+            stripe_meter_events_base=url("STRIPE_METER_EVENTS_BASE",
                                           env.get("STRIPE_METER_EVENTS_BASE")),
             stripe_meter_event_name=default_meter(env),
-            stripe_timeout_seconds=_number(env, "STRIPE_TIMEOUT_SECONDS", 10.0, low=0.1, high=120),
-            stripe_max_requests_per_second=_number(
+            stripe_timeout_seconds=number(env, "STRIPE_TIMEOUT_SECONDS", 10.0, low=0.1, high=120),
+            stripe_max_requests_per_second=number(
                 env, "STRIPE_MAX_REQUESTS_PER_SECOND", default_rate(api, api_key),
                 low=0.1, high=10_000),
             meter_event_api=api,
-            batch_size=_integer(env, "OUTBOX_BATCH_SIZE", DEFAULT_BATCH_SIZE[api], low=1,
+            batch_size=integer(env, "OUTBOX_BATCH_SIZE", DEFAULT_BATCH_SIZE[api], low=1,
                                 high=10_000),
-            max_attempts=_integer(env, "OUTBOX_MAX_ATTEMPTS", 12, low=1, high=1000),
-            initial_backoff_seconds=_number(
+            max_attempts=integer(env, "OUTBOX_MAX_ATTEMPTS", 12, low=1, high=1000),
+            initial_backoff_seconds=number(
                 env, "OUTBOX_INITIAL_BACKOFF_SECONDS", 2.0, low=0.0, high=86_400),
-            max_backoff_seconds=_number(env, "OUTBOX_MAX_BACKOFF_SECONDS", 1800.0, low=0.0,
+            max_backoff_seconds=number(env, "OUTBOX_MAX_BACKOFF_SECONDS", 1800.0, low=0.0,
                                         high=86_400),
-            claim_timeout_seconds=_number(env, "OUTBOX_CLAIM_TIMEOUT_SECONDS", 120.0, low=1.0,
+            claim_timeout_seconds=number(env, "OUTBOX_CLAIM_TIMEOUT_SECONDS", 120.0, low=1.0,
                                           high=86_400),
-            poll_interval_seconds=_number(env, "OUTBOX_POLL_INTERVAL_SECONDS", 1.0, low=0.01,
+            poll_interval_seconds=number(env, "OUTBOX_POLL_INTERVAL_SECONDS", 1.0, low=0.01,
                                           high=3600),
-            concurrency=_integer(env, "OUTBOX_CONCURRENCY", 8, low=1, high=256),
-            dedupe_window_seconds=_number(env, "OUTBOX_DEDUPE_WINDOW", 23 * 3600.0, low=60.0,
+            concurrency=integer(env, "OUTBOX_CONCURRENCY", 8, low=1, high=256),
+            dedupe_window_seconds=number(env, "OUTBOX_DEDUPE_WINDOW", 23 * 3600.0, low=60.0,
                                           high=24 * 3600.0, unit_suffixes=True),
-            drainer_enabled=_boolean(env, "DRAINER_ENABLED", True),
+            drainer_enabled=boolean(env, "DRAINER_ENABLED", True),
             stripe_webhook_secret=_webhook_secret(env.get("STRIPE_WEBHOOK_SECRET")),
-            events_poll_seconds=_number(env, "STRIPE_EVENTS_POLL_SECONDS", 60.0, low=1.0,
+            events_poll_seconds=number(env, "STRIPE_EVENTS_POLL_SECONDS", 60.0, low=1.0,
                                         high=86_400),
-            meters_refresh_seconds=_number(env, "STRIPE_METERS_REFRESH_SECONDS", 300.0,
+            meters_refresh_seconds=number(env, "STRIPE_METERS_REFRESH_SECONDS", 300.0,
                                            low=5.0, high=86_400),
-            reconcile_interval_seconds=_number(env, "RECONCILE_INTERVAL_SECONDS", 86400.0,
+            reconcile_interval_seconds=number(env, "RECONCILE_INTERVAL_SECONDS", 86400.0,
                                                low=0.0, high=30 * 86_400),
-            reconcile_settle_seconds=_number(env, "RECONCILE_SETTLE_SECONDS", 3600.0,
+            reconcile_settle_seconds=number(env, "RECONCILE_SETTLE_SECONDS", 3600.0,
                                              low=0.0, high=7 * 86_400),
-            session_idle_seconds=_number(env, "SESSION_IDLE_TIMEOUT_SECONDS", 3600.0, low=300.0,
+            session_idle_seconds=number(env, "SESSION_IDLE_TIMEOUT_SECONDS", 3600.0, low=300.0,
                                          high=30 * 86_400),
-            session_max_age_seconds=_number(env, "SESSION_MAX_AGE_SECONDS", 12 * 3600.0,
+            session_max_age_seconds=number(env, "SESSION_MAX_AGE_SECONDS", 12 * 3600.0,
                                             low=300.0, high=90 * 86_400),
             metrics_token=_metrics_token(env.get("METRICS_TOKEN")),
-            trusted_proxies=_integer(env, "TRUSTED_PROXIES", 0, low=0, high=5),
-            retention_days=_integer(env, "OUTBOX_RETENTION_DAYS", 40, low=1, high=36_500),
-            prune_interval_seconds=_number(env, "OUTBOX_PRUNE_INTERVAL_SECONDS", 3600.0,
+            trusted_proxies=integer(env, "TRUSTED_PROXIES", 0, low=0, high=5),
+            retention_days=integer(env, "OUTBOX_RETENTION_DAYS", 40, low=1, high=36_500),
+            prune_interval_seconds=number(env, "OUTBOX_PRUNE_INTERVAL_SECONDS", 3600.0,
                                            low=60.0, high=7 * 86_400),
-            log_format=_choice(env, "LOG_FORMAT", "text", ("text", "json")),
-            log_level=_choice(env, "LOG_LEVEL", "INFO",
+            log_format=choice(env, "LOG_FORMAT", "text", ("text", "json")),
+            log_level=choice(env, "LOG_LEVEL", "INFO",
                               ("DEBUG", "INFO", "WARNING", "ERROR"), upper=True),
             testing=testing,
         )
@@ -288,48 +285,12 @@ def _metrics_token(raw: str | None) -> str | None:
     return token
 
 
-#: Values copied from examples and templates instead of generated.
-PLACEHOLDER_SECRETS = ("changeme", "changethis", "replaceme", "yoursecret", "secretkey",
-                       "mysecret", "supersecret", "placeholder", "notasecret", "insecure",
-                       "development", "defaultkey", "example", "password", "xxxxxxxx",
-                       "12345678", "letmein", "sessionkey")
-
-
-def secret_key_problem(key: str) -> str | None:
-    """Why ``key`` is too weak to sign sessions, or None. Named in the one-line refusal."""
-    if len(key.encode()) < 32:
-        return f"SECRET_KEY is too short ({len(key.encode())} bytes; at least 32 are needed)"
-    if len(set(key)) == 1:
-        return "SECRET_KEY is one character repeated"
-    for size in range(1, len(key) // 2 + 1):
-        if len(key) % size == 0 and key == key[:size] * (len(key) // size):
-            return f"SECRET_KEY is one block of {size} characters repeated"
-    if len(set(key)) < 8:
-        return f"SECRET_KEY uses only {len(set(key))} different characters"
-    squashed = "".join(ch for ch in key.lower() if ch.isalnum())
-    for word in PLACEHOLDER_SECRETS:
-        if word in squashed:
-            return f"SECRET_KEY looks like a placeholder (it contains {word!r})"
-    return None
-
-
 def default_rate(api: str, api_key: str | None) -> float:
     """``STRIPE_MAX_REQUESTS_PER_SECOND`` when unset: the API's default with a live-mode key,
     within test mode's 25 requests/s with any other (streams count against it there)."""
     if api_key is not None and "_live_" in api_key[:8]:
         return DEFAULT_MAX_REQUESTS_PER_SECOND[api]
     return min(DEFAULT_MAX_REQUESTS_PER_SECOND[api], SANDBOX_MAX_REQUESTS_PER_SECOND)
-
-
-def _url(name: str, raw: str | None) -> str | None:
-    """An http(s) base URL without its trailing slash; None when unset."""
-    if not raw:
-        return None
-    url = raw.strip().rstrip("/")
-    parsed = urlparse(url)
-    if parsed.scheme not in ("http", "https") or not parsed.netloc:
-        raise ConfigError(f"{name} must be an http(s) URL, got {raw!r}")
-    return url
 
 
 def default_meter(env: Mapping[str, str] | None = None) -> str:
@@ -346,63 +307,6 @@ def _meter(raw: str | None, default: str) -> str:
     if len(raw) > 100 or not raw.isprintable() or raw.strip() != raw:
         raise ConfigError("STRIPE_METER_EVENT_NAME must be 1–100 printable characters")
     return raw
-
-
-_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def _number(env: Mapping[str, str], name: str, default: float, *, low: float, high: float,
-            unit_suffixes: bool = False) -> float:
-    raw = env.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    text = raw.strip().lower()
-    factor = 1.0
-    if unit_suffixes and text[-1:] in _UNITS:
-        factor, text = _UNITS[text[-1]], text[:-1]
-    try:
-        value = float(text) * factor
-    except ValueError:
-        raise ConfigError(f"{name}: not a number: {raw!r}") from None
-    if not math.isfinite(value) or not low <= value <= high:
-        raise ConfigError(f"{name}: {raw!r} is outside {low:g}…{high:g}")
-    return value
-
-
-def _integer(env: Mapping[str, str], name: str, default: int, *, low: int, high: int) -> int:
-    raw = env.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        raise ConfigError(f"{name}: not a whole number: {raw!r}") from None
-    if not low <= value <= high:
-        raise ConfigError(f"{name}: {raw!r} is outside {low}…{high}")
-    return value
-
-
-def _boolean(env: Mapping[str, str], name: str, default: bool) -> bool:
-    raw = env.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    text = raw.strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise ConfigError(f"{name}: expected true or false, got {raw!r}")
-
-
-def _choice(env: Mapping[str, str], name: str, default: str, choices: tuple[str, ...],
-            *, upper: bool = False) -> str:
-    raw = env.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    value = raw.strip().upper() if upper else raw.strip().lower()
-    if value not in choices:
-        raise ConfigError(f"{name}: expected one of {', '.join(choices)}, got {raw!r}")
-    return value
 
 
 def embedded_secret_key() -> str:

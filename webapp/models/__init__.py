@@ -1,6 +1,6 @@
 """The tables. Datetimes are timezone-aware (UTC) on both databases.
 
-``outbox`` (events, attempts, tenants, the switch, rollups), ``reports`` (prepared usage
+``outbox`` (events, attempts, tenants, the switch), ``rollups``, ``reports`` (prepared usage
 reports), ``people`` (users, audit) and ``stripe_sync`` (what is kept of Stripe's side:
 meters, its events, reconciliation).
 """
@@ -12,21 +12,23 @@ from .outbox import (
     DEAD_OUTSIZE_SQL,
     IN_FLIGHT_SQL,
     WAITING_IDLE_SQL,
-    AttemptRollup,
     Control,
     DeliveryAttempt,
     DrainerHeartbeat,
     OutboxEvent,
+    Tenant,
+)
+from .people import AuditEntry, AuditEvent, LoginThrottle, User
+from .reports import REPORT_STATUSES, UsageReport, UsageReportRow
+from .rollups import (
+    AttemptRollup,
     PrunedUsageRollup,
     RollupState,
     SentUsageDay,
     SentUsageMonthly,
     SentUsageRollup,
     SentUsageYearly,
-    Tenant,
 )
-from .people import AuditEntry, AuditEvent, LoginThrottle, User
-from .reports import REPORT_STATUSES, UsageReport, UsageReportRow
 from .stripe_sync import (
     ReconciledDay,
     ReconciledMonth,

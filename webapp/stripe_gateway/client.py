@@ -18,8 +18,8 @@ import stripe
 from ..outbox import customers
 from ..outbox.adjustments import CancelAnswer
 from ..outbox.customers import CustomerCheck
+from ..outbox.error_reports import StripeReport
 from ..outbox.meters import DEFAULT_CUSTOMER_KEY, DEFAULT_VALUE_KEY, MeterInfo
-from ..outbox.rejections import StripeReport
 from ..outbox.states import CallResult, Outcome
 from ..outbox.tenant_sync import StripeCustomer
 from .data import (

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NamedTuple, Protocol
 
+from ..outbox.error_reports import ErrorSample, StripeReport
 from ..outbox.meters import DEFAULT_CUSTOMER_KEY, DEFAULT_VALUE_KEY
-from ..outbox.rejections import ErrorSample, StripeReport
 from ..outbox.states import CallResult
 
 

@@ -23,9 +23,9 @@ def register_blueprints(app: Flask) -> None:
         health,
         mappings_bulk,
         metrics,
-        params,
         reconciliation,
         rejected,
+        request_input,
         search,
         security,
         stripe_side,
@@ -35,7 +35,7 @@ def register_blueprints(app: Flask) -> None:
         webhook,
     )
 
-    params.init_app(app)  # the URL converters, before any rule uses them
+    request_input.init_app(app)  # the URL converters, before any rule uses them
     security.init_app(app)
     templating.init_app(app)
     errors.init_app(app)

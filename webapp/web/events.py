@@ -11,6 +11,7 @@ from ..outbox.ids import CUSTOMER_ID_PATTERN
 from ..outbox.operations import RESOLVE_REASONS
 from ..outbox.sendable import NEEDS_A_PERSON
 from ..outbox.states import ALL_STATUSES
+from ..read import event_filters
 from ..read import event_list as lists
 from ..read.dead_letters import check_row
 from ..read.events import EventDetail, event_detail
@@ -40,7 +41,7 @@ bp = Blueprint("events", __name__)
 CONFIRM = Flag("confirm")
 Q = Text("q", 100)
 
-#: The events list's filters (``read.event_list.EventFilters``).
+#: The events list's filters (``read.event_filters.EventFilters``).
 STATUS = Choices("status", ALL_STATUSES)
 TENANT = Text("tenant", 100)
 CUSTOMER = Text("customer", 255, pattern=CUSTOMER_ID_PATTERN)
@@ -49,11 +50,11 @@ CREATED_FROM, CREATED_TO = Day("created_from"), Day("created_to")
 OCCURRED_FROM, OCCURRED_TO = Day("occurred_from"), Day("occurred_to")
 SENT_FROM, SENT_TO = Day("sent_from"), Day("sent_to")
 DUE = Flag("due", on="1", source="query")
-AGE = Text("age", 10, choices=lists.AGES)
+AGE = Text("age", 10, choices=event_filters.AGES)
 CODE = Text("code", 100)
 ERROR_CLASS = Text("error_class", 100)
 HTTP = Text("http", 3, pattern=r"[0-9]{3}|-")
-WHY = Text("why", 30, choices=lists.WHY)
+WHY = Text("why", 30, choices=event_filters.WHY)
 REJECT_CODE = Text("reject_code", 100)
 OUTCOME = Text("outcome", 20, pattern=r"[a-z_]+")
 AUDIT_ID = Ids("audit", max_count=10, source="query")
@@ -69,11 +70,11 @@ LIMIT = Int("limit", 1, lists.MAX_LIMIT, default=lists.DEFAULT_LIMIT, clamp=True
 BEFORE = Int("before", 1, MAX_ID)
 
 
-def list_filters() -> lists.EventFilters:
+def list_filters() -> event_filters.EventFilters:
     """The events list's filters from this request (declared by the view)."""
     attempts = ATTEMPTS.get()
     lo, hi = attempts if attempts is not None else (None, None)
-    return lists.EventFilters(
+    return event_filters.EventFilters(
         status=STATUS.get(), tenant=TENANT.get(), customer=CUSTOMER.get(), meter=METER.get(),
         created_from=CREATED_FROM.get(), created_to=CREATED_TO.get(),
         occurred_from=OCCURRED_FROM.get(), occurred_to=OCCURRED_TO.get(),
@@ -164,7 +165,7 @@ def find() -> ResponseReturnValue:
     params = dict(filters.params(), **({"limit": limit} if limit != lists.DEFAULT_LIMIT
                                        else {}))
     return render("events/index.html", page=page, f=filters, params=params, limit=limit,
-                  track=track, statuses=ALL_STATUSES, ages=lists.AGES,
+                  track=track, statuses=ALL_STATUSES, ages=event_filters.AGES,
                   paged=BEFORE.get() is not None,
                   poll_url=url_for("events.find", **params, before=BEFORE.get()))
 

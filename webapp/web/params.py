@@ -7,14 +7,14 @@ Declared once per view, the fields are also the registry the fuzz test enumerate
 (``view.accepts``), and :meth:`Field.get` refuses a field its view did not declare.
 
 What every field refuses: bytes that are not UTF-8 (decoded to U+FFFD by
-:class:`InputRequest` — Werkzeug itself keeps them percent-encoded, indistinguishable from a
-typed ``%FF`` — so a real U+FFFD is refused too: no field here has a use for it), NUL, and
-other control characters (a multi-line field allows line breaks and tabs). Numbers are ASCII
-digits within a 64-bit signed integer and the field's own range; dates are ``YYYY-MM-DD``
-from :data:`EARLIEST` to :data:`LATEST`.
+:class:`webapp.web.request_input.InputRequest` — Werkzeug itself keeps them percent-encoded,
+indistinguishable from a typed ``%FF`` — so a real U+FFFD is refused too: no field here has a
+use for it), NUL, and other control characters (a multi-line field allows line breaks and
+tabs). Numbers are ASCII digits within a 64-bit signed integer and the field's own range; dates
+are ``YYYY-MM-DD`` from :data:`EARLIEST` to :data:`LATEST`.
 
-Path parts are checked by the URL converters installed by :func:`init_app`: ``<id:…>`` (a
-positive 64-bit integer) and ``<tenant:…>`` (a tenant id); anything else is a 404.
+The request class that decodes them and the URL converters for path parts are in
+:mod:`webapp.web.request_input`.
 """
 
 from __future__ import annotations
@@ -24,15 +24,11 @@ from collections.abc import Callable, Collection, Sequence
 from datetime import date
 from functools import wraps
 from typing import Any, Generic, Literal, TypeVar, overload
-from urllib.parse import parse_qsl, quote
 
-from flask import Flask, Request, g, request
-from werkzeug.datastructures import MultiDict
+from flask import g, request
 from werkzeug.exceptions import BadRequest
-from werkzeug.formparser import FormDataParser
-from werkzeug.routing import BaseConverter, PathConverter, ValidationError
-from werkzeug.utils import cached_property
 
+from ..outbox.ids import TEXT_LIMIT
 from ..read.numbers import MAX_ID as MAX_ID  # re-exported: the views' id fields use it
 from ..read.numbers import ascii_int
 from ..read.paging import Cursor
@@ -44,8 +40,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 #: The dates a filter may name (the datetimes built from them stay far from year 1 and 9999).
 EARLIEST = date(2000, 1, 1)
 LATEST = date(2100, 12, 31)
-#: The longest tenant id (the column's width).
-TENANT_MAX = 100
+#: The longest tenant id (enqueue's rule: ``webapp.outbox.ids``).
+TENANT_MAX = TEXT_LIMIT
 
 Source = Literal["query", "form", "either"]
 
@@ -345,77 +341,6 @@ def accepts(*fields: Field[Any]) -> Callable[[F], F]:
 def declared(view: Callable[..., Any]) -> Sequence[Field[Any]]:
     """The fields a view declared (none for a view without :func:`accepts`)."""
     return tuple(getattr(view, "accepts", ()))
-
-
-# -- decoding ------------------------------------------------------------------------------------
-
-#: What ``full_path`` leaves as it is in a query string (everything ASCII that is printable).
-_QUERY_SAFE = "".join(chr(c) for c in range(33, 127))
-
-
-def _decode_pairs(raw: bytes) -> list[tuple[str, str]]:
-    """``a=1&b=2`` as pairs; bytes that are not UTF-8, escaped or raw, become U+FFFD."""
-    return parse_qsl(raw.decode("utf-8", "replace"), keep_blank_values=True, errors="replace")
-
-
-class _FormParser(FormDataParser):
-    def _parse_urlencoded(self, stream: Any, mimetype: str, content_length: int | None,
-                          options: dict[str, str]) -> Any:
-        # The stream is already limited to MAX_CONTENT_LENGTH (as in Werkzeug's own).
-        return stream, self.cls(_decode_pairs(stream.read())), self.cls()
-
-
-class InputRequest(Request):
-    """Flask's request, with query strings and url-encoded forms decoded so that bytes that
-    are not UTF-8 arrive as U+FFFD (multipart fields already do), for the fields to refuse."""
-
-    form_data_parser_class = _FormParser
-
-    @cached_property
-    def args(self) -> MultiDict[str, str]:
-        return self.parameter_storage_class(_decode_pairs(self.query_string))
-
-    @property
-    def full_path(self) -> str:
-        """The path and query string, with bytes that are not ASCII percent-encoded
-        (Werkzeug's decodes them strictly: raw bad bytes raised, a 500)."""
-        return f"{self.path}?{quote(self.query_string, safe=_QUERY_SAFE)}"
-
-
-# -- path parts ----------------------------------------------------------------------------------
-
-class IdConverter(BaseConverter):
-    """``<id:name>``: a positive 64-bit integer id; anything else (past 2^63 too) is a 404."""
-
-    regex = r"[0-9]{1,19}"
-    weight = 50
-    part_isolating = True
-
-    def to_python(self, value: str) -> int:
-        number = int(value)
-        if not 1 <= number <= MAX_ID:
-            raise ValidationError()
-        return number
-
-    def to_url(self, value: Any) -> str:
-        return str(int(value))
-
-
-class TenantConverter(PathConverter):
-    """``<tenant:name>``: a tenant id (slashes allowed) of at most :data:`TENANT_MAX`
-    characters without control characters or bad UTF-8; anything else is a 404."""
-
-    def to_python(self, value: str) -> str:
-        if len(value) > TENANT_MAX or text_problem(value) is not None:
-            raise ValidationError()
-        return value
-
-
-def init_app(app: Flask) -> None:
-    """Install the request class and the converters (before any blueprint's rules)."""
-    app.request_class = InputRequest
-    app.url_map.converters["id"] = IdConverter
-    app.url_map.converters["tenant"] = TenantConverter
 
 
 # -- fields several views share ------------------------------------------------------------------

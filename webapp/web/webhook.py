@@ -11,7 +11,8 @@ from flask import Blueprint, abort, jsonify, request
 from flask.typing import ResponseReturnValue
 
 from ..db import reading
-from ..outbox.rejections import REPORT_TYPES, is_stored
+from ..outbox.error_reports import REPORT_TYPES
+from ..outbox.rejections import is_stored
 from ..stripe_gateway import InvalidSignature, StripeCallFailed
 from ..worker import MeterRefresher, customer_directory, store_report
 from .common import now, svc

@@ -19,7 +19,7 @@ from ..db import reading
 from ..models import utcnow
 from ..outbox import rejections, sync
 from ..outbox.customers import CustomerCheck
-from ..outbox.rejections import REPORT_TYPES, StripeReport
+from ..outbox.error_reports import REPORT_TYPES, StripeReport
 from .customers import CustomerDirectory, customer_directory
 from .throttle import process_limiter
 

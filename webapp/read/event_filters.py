@@ -1,0 +1,156 @@
+"""The events list's filters: what each means, how it travels in a query string, and the
+chip that names it in plain words (with a link to the list without it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from datetime import date
+from typing import Any
+
+from ..outbox.states import ALL_STATUSES
+
+#: The date filters (UTC days, both ends included), in the words of their chips.
+DATE_FILTERS = {"created_from": "created on or after", "created_to": "created on or before",
+                "occurred_from": "occurred on or after", "occurred_to": "occurred on or before",
+                "sent_from": "sent on or after", "sent_to": "sent on or before"}
+#: A text filter's value for "has none" (``IS NULL``): the groups of errors have such a row.
+NONE = "-"
+#: Why an event died (``dead_letters.KINDS``), for the error groups of the dead-letter page.
+WHY = {"unknown_past_window": "outcome unknown past the 24 h window",
+       "exhausted": "retries exhausted", "permanent": "permanent error"}
+AGES = {"near": "within 7 days of Stripe's 35-day limit", "over": "past Stripe's 35-day limit"}
+
+
+@dataclass(frozen=True)
+class EventFilters:
+    """The list's filters. Dates are UTC days, ``*_to`` inclusive; ``attempts_min`` and
+    ``attempts_max`` bound ``attempt_count`` (equal for an exact count)."""
+
+    status: tuple[str, ...] = ()
+    tenant: str = ""
+    customer: str = ""
+    meter: str = ""
+    created_from: date | None = None
+    created_to: date | None = None
+    occurred_from: date | None = None
+    occurred_to: date | None = None
+    sent_from: date | None = None
+    sent_to: date | None = None
+    due: bool = False
+    age: str = ""
+    code: str = ""
+    error_class: str = ""
+    http: str = ""
+    why: str = ""
+    reject_code: str = ""
+    outcome: str = ""
+    audit: tuple[int, ...] = ()
+    attempts_min: int | None = None
+    attempts_max: int | None = None
+    request: str = ""  # a stream request's Idempotency-Key: the events it carried
+    report: str = ""  # a Stripe error report's id: the events its errors were traced to
+
+    def __post_init__(self) -> None:
+        for s in self.status:
+            if s not in ALL_STATUSES:
+                raise ValueError(f"status must be one of {', '.join(ALL_STATUSES)}")
+        if self.age and self.age not in AGES:
+            raise ValueError(f"age must be one of {', '.join(AGES)}")
+        if self.why and self.why not in WHY:
+            raise ValueError(f"why must be one of {', '.join(WHY)}")
+
+    def params(self) -> dict[str, Any]:
+        """The filters in effect as query-string parameters (``url_for`` repeats a list)."""
+        out: dict[str, Any] = {}
+        if self.status:
+            out["status"] = list(self.status)
+        for name in ("tenant", "customer", "meter", "age", "code", "error_class", "http", "why",
+                     "reject_code", "outcome", "request", "report"):
+            if getattr(self, name):
+                out[name] = getattr(self, name)
+        for name in DATE_FILTERS:
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value.isoformat()
+        if self.due:
+            out["due"] = "1"
+        if self.audit:
+            out["audit"] = [str(a) for a in self.audit]
+        if self.attempts_min is not None or self.attempts_max is not None:
+            out["attempts"] = attempts_text(self.attempts_min, self.attempts_max)
+        return out
+
+    def is_empty(self) -> bool:
+        return not self.params()
+
+    def without(self, name: str, value: str | None = None) -> EventFilters:
+        """These filters less one (``status`` less one of its values)."""
+        if name == "status" and value is not None:
+            return replace(self, status=tuple(s for s in self.status if s != value))
+        if name == "audit" and value is not None:
+            return replace(self, audit=tuple(a for a in self.audit if str(a) != value))
+        if name == "attempts":
+            return replace(self, attempts_min=None, attempts_max=None)
+        default: Any = {f.name: f.default for f in fields(self)}[name]
+        changes: dict[str, Any] = {name: default}
+        return replace(self, **changes)
+
+    def chips(self) -> list[Chip]:
+        """Each filter in effect in plain words, with the parameters of the list without it."""
+        out: list[Chip] = []
+
+        def add(label: str, name: str, value: str | None = None) -> None:
+            out.append(Chip(label, self.without(name, value).params()))
+
+        for s in self.status:
+            add(f"status is {s}", "status", s)
+        if self.tenant:
+            add(f"tenant {self.tenant}", "tenant")
+        if self.customer:
+            add(f"Stripe customer {self.customer}", "customer")
+        if self.meter:
+            add(f"meter {self.meter}", "meter")
+        for name, words in DATE_FILTERS.items():
+            value = getattr(self, name)
+            if value is not None:
+                add(f"{words} {value.isoformat()} (UTC)", name)
+        if self.due:
+            add("next attempt due now", "due")
+        if self.age:
+            add(AGES[self.age], "age")
+        for name, words in (("code", "last error code"), ("error_class", "last error class"),
+                            ("http", "last HTTP status"),
+                            ("reject_code", "Stripe's rejection code"),
+                            ("request", "carried by stream request"),
+                            ("report", "found from Stripe's report")):
+            value = getattr(self, name)
+            if value:
+                add(f"no {words}" if value == NONE else f"{words} {value}", name)
+        if self.why:
+            add(f"dead because: {WHY[self.why]}", "why")
+        if self.outcome:
+            add(f"last outcome {self.outcome}", "outcome")
+        for a in self.audit:
+            add(f"touched by audit entry #{a}", "audit", str(a))
+        if self.attempts_min is not None or self.attempts_max is not None:
+            lo, hi = self.attempts_min, self.attempts_max
+            words = (f"exactly {lo} attempt{'s' if lo != 1 else ''}" if lo == hi else
+                     f"at least {lo} attempts" if hi is None else
+                     f"at most {hi} attempts" if lo is None else f"{lo} to {hi} attempts")
+            add(words, "attempts")
+        return out
+
+
+@dataclass(frozen=True)
+class Chip:
+    """One filter in effect: its words, and the list's parameters without it."""
+
+    label: str
+    without: dict[str, Any]
+
+
+def attempts_text(low: int | None, high: int | None) -> str:
+    """``3``, ``3-5``, ``3-`` or ``-5``: the ``attempts`` parameter for a range."""
+    if low is not None and low == high:
+        return str(low)
+    return f"{'' if low is None else low}-{'' if high is None else high}"
