@@ -38,7 +38,7 @@ WAITING = (Status.PENDING.value, Status.RETRYING.value)
 #: Held by one worker's claim until its deadline.
 IN_FLIGHT = (Status.PROCESSING.value,)
 #: On its way to Stripe: waiting or in flight (Stripe has not answered for it yet).
-ON_ITS_WAY = (*WAITING, *IN_FLIGHT)
+ON_ITS_WAY = (Status.PENDING.value, Status.PROCESSING.value, Status.RETRYING.value)
 #: Waiting for a person: dead (not delivered) or rejected (delivered, then refused).
 NEEDS_A_PERSON = (Status.DEAD.value, Status.REJECTED.value)
 #: Closed for good: nothing moves them again.
