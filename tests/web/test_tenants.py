@@ -348,12 +348,20 @@ def test_tenant_page_honours_and_shows_the_period(client_as, engine, usage_data,
     assert f'href="/tenants?{period.replace("&", "&amp;")}"' in html          # and back
     assert re.search(r'href="/tenants\.csv\?[^"]*tenant=acme', html)
     usage = reads.tenant_usage(engine, start=start, end=end, tenant_id="acme")
-    shown = re.search(r'data-col="total_sent_quantity">([^<]*)<', html).group(1)
-    assert int(shown.replace(",", "")) == usage.total("quantity", "sent") == 5132
+
+    def sent_by_meter(page: str) -> dict[str, int]:
+        table = page.split('id="tenant-usage"')[1].split("</table>")[0]
+        return {m: int(n.replace(",", "")) for m, n in re.findall(
+            r'<tr data-meter="([^"]+)">.*?data-col="sent_quantity">([^<]*)<', table)}
+
+    shown = sent_by_meter(html)
+    assert sum(shown.values()) == usage.total("quantity", "sent") == 5132
+    assert shown == {m: usage.total("quantity", "sent", m) for m in shown}
+    # units of different meters are never added into one total
+    assert len(shown) == 2 and 'data-col="total_sent_quantity"' not in html
     # the default period (this month) gives other numbers: the period is not ignored
     default = client.get("/tenants/acme").get_data(as_text=True)
-    shown = re.search(r'data-col="total_sent_quantity">([^<]*)<', default).group(1)
-    assert int(shown.replace(",", "")) == 132
+    assert sum(sent_by_meter(default).values()) == 132
     # the daily chart covers the period, a bar per day, and adds up to the sent events
     fig = html.split('id="tenant-daily"', 1)[1].split("</figure>", 1)[0]
     days = re.findall(r'<tr><th scope="row">(\d{4}-\d\d-\d\d)</th><td class="num">([\d,]+)<',

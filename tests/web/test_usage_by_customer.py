@@ -6,6 +6,7 @@ against the fake, on SQLite and PostgreSQL."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -16,10 +17,12 @@ from sqlalchemy import Engine, update
 from sqlalchemy.orm import Session
 from support.fake_stripe import FakeStripe
 
+from webapp.db import reading
 from webapp.models import utcnow
 from webapp.outbox import enqueue_usage, operations
 from webapp.outbox.sql import RECON_RUNS
 from webapp.read import tenants as reads
+from webapp.read.compared import meter_totals
 from webapp.worker import Drainer, gateway_from, reconcile
 
 from .test_tenants import read_usage_csv
@@ -201,3 +204,63 @@ def test_the_overview_never_claims_a_match_over_nothing(
     html = client_as("viewer").get("/").get_data(as_text=True)
     tile = html.split('data-k="reconciled"')[1].split("</div>")[0]
     assert "the next reconciliation is due in 22 h 59 min" in tile and due in tile
+
+
+def test_tenants_sharing_a_customer_count_its_stripe_figure_once(
+        engine: Engine, fake: FakeStripe, settings: Any, client_as: Any) -> None:
+    """Stripe knows customers, not tenants: two tenants billed to one customer each show the
+    customer's figure, and the file's total counts it once, as the page's does."""
+    for tenant in ("acme", "acme-eu"):
+        operations.set_tenant(engine, tenant, stripe_customer_id="cus_initech", name=None,
+                              now=utcnow())
+    send(engine, settings, "acme", [(2, 3)], "a")
+    send(engine, settings, "acme-eu", [(2, 4)], "b")
+    gateway = gateway_from(settings)
+    assert gateway is not None
+    try:
+        reconcile(engine, gateway, settings, trigger="cli", now=utcnow() + timedelta(hours=2))
+    finally:
+        gateway.close()
+    day = midday(2).date().isoformat()
+    _, _, rows, totals = read_usage_csv(client_as("viewer").get(
+        f"/tenants.csv?from={day}&to={day}").get_data(as_text=True))
+    assert sorted((r["Tenant"], r["sent units"], r["Stripe units"]) for r in rows) == [
+        ("acme", "3", "7"), ("acme-eu", "4", "7")]
+    assert (totals[METER]["sent units"], totals[METER]["Stripe units"]) == ("7", "7")
+    assert (totals[METER]["Stripe difference"]) == "0"
+    with reading(engine) as conn:  # what the page's total row reads
+        assert meter_totals(conn, midday(2).date(), midday(2).date())[METER][0] == 7.0
+
+
+def test_one_tenants_reconciliation_compares_its_customer_whole(
+        engine: Engine, fake: FakeStripe, settings: Any) -> None:
+    """A run for one tenant compares each customer its events went to with every tenant's
+    events of that customer (Stripe's figure is the customer's): no false mismatch, and the
+    day kept is the customer's whole."""
+    for tenant in ("acme", "acme-eu"):
+        operations.set_tenant(engine, tenant, stripe_customer_id="cus_initech", name=None,
+                              now=utcnow())
+    send(engine, settings, "acme", [(2, 3)], "a")
+    send(engine, settings, "acme-eu", [(2, 4)], "b")
+    gateway = gateway_from(settings)
+    assert gateway is not None
+    try:
+        run = reconcile(engine, gateway, settings, trigger="cli", tenant_id="acme",
+                        now=utcnow() + timedelta(hours=2))
+    finally:
+        gateway.close()
+    assert run.comparison.checked >= 1 and run.comparison.mismatches == []
+    with reading(engine) as conn:
+        assert meter_totals(conn, midday(2).date(), midday(2).date())[METER][:2] == (7.0, 7)
+
+
+def test_a_remapped_tenants_page_has_a_row_per_customer_and_a_total_per_meter(
+        remapped: dict[str, Any], client_as: Any) -> None:
+    period = f"from={remapped['start'].isoformat()}&to={remapped['end'].isoformat()}"
+    html = client_as("viewer").get(f"/tenants/initech?{period}").get_data(as_text=True)
+    table = html.split('id="tenant-usage"')[1].split("</table>")[0]
+    rows = re.findall(r'<tr data-meter="([^"]+)"><td>[^<]*</td><td data-col="customer">'
+                      r'([^<]*)</td>.*?data-col="sent_quantity">([^<]*)<', table)
+    assert sorted(rows) == [(METER, "cus_initech", "7"), (METER, "cus_initech2", "5")]
+    total = table.split(f'data-meter-total="{METER}"')[1].split("</tr>")[0]
+    assert f"Total {METER}" in total and 'data-col="total_sent_quantity">12<' in total

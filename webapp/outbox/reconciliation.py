@@ -118,11 +118,18 @@ def local_totals(conn: Connection, since: datetime, until: datetime, *, now: dat
                  settle_seconds: float, tenant_id: str | None = None
                  ) -> dict[tuple[str, str], PairTotals]:
     """Ours, per (customer, meter) with events in the window: units and events sent per hour
-    (summed into days by the caller's spans), and the hours not settled."""
+    (summed into days by the caller's spans), and the hours not settled.
+
+    ``tenant_id``: only the customers that tenant's events went to, each with every tenant's
+    events of it. Stripe's figure is the customer's, so comparing it with one tenant's share
+    would call a customer billed to two tenants a mismatch (and keep that as its day)."""
     where: list[Any] = [T.c.occurred_at >= since, T.c.occurred_at < until,
                         T.c.stripe_customer_id.is_not(None)]
     if tenant_id is not None:
-        where.append(T.c.tenant_id == tenant_id)
+        where.append(T.c.stripe_customer_id.in_(
+            select(T.c.stripe_customer_id).where(
+                T.c.tenant_id == tenant_id, T.c.occurred_at >= since, T.c.occurred_at < until,
+                T.c.stripe_customer_id.is_not(None)).distinct()))
     hour = epoch_bucket(T.c.occurred_at, literal(3600)).label("hour")
     recent = now - timedelta(seconds=settle_seconds)
     unsettled = or_(

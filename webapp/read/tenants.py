@@ -66,8 +66,20 @@ class Usage:
     end: date            # inclusive
     rows: list[UsageRow]
 
-    def total(self, what: str, status: str) -> int:
-        return sum(getattr(r, what)[status] for r in self.rows)
+    def total(self, what: str, status: str, meter: str | None = None) -> int:
+        """``what`` (``quantity`` or ``events``) of ``status`` over the rows (of ``meter``:
+        units of different meters are never added together on a page)."""
+        return sum(getattr(r, what)[status] for r in self.rows
+                   if meter is None or r.meter == meter)
+
+    @property
+    def meters_over_rows(self) -> list[str]:
+        """The meters with more than one row (a tenant remapped in the period has a row per
+        customer): each has a total row of its own."""
+        seen: dict[str, int] = {}
+        for r in self.rows:
+            seen[r.meter] = seen.get(r.meter, 0) + 1
+        return sorted(m for m, n in seen.items() if n > 1)
 
 
 def month_start(now: datetime) -> date:

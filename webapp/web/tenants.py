@@ -260,14 +260,19 @@ NOT_COMPARED = "not compared yet"
 def _csv_rows(rows: Iterator[reads.UsageRow]) -> Iterator[list[Any]]:
     """Each row's cells (Stripe's units "not compared yet" and the difference empty where
     nothing was compared), then a totals row per meter (summed as the rows go by: units of
-    different meters are never added together)."""
+    different meters are never added together). Stripe's figures are per customer: tenants
+    billed to one customer each show the customer's, and the total counts it once."""
     totals: dict[str, reads.UsageRow] = {}
+    counted: set[tuple[str | None, str]] = set()
     for r in rows:
         total = totals.setdefault(r.meter, reads.UsageRow("", r.meter))
         for status in reads.USAGE_STATUSES:
             total.quantity[status] += r.quantity[status]
             total.events[status] += r.events[status]
-        if r.stripe_units is not None and r.compared_units is not None:
+        pair = (r.stripe_customer_id, r.meter)
+        if (r.stripe_units is not None and r.compared_units is not None
+                and pair not in counted):
+            counted.add(pair)
             total.stripe_units = (total.stripe_units or 0.0) + r.stripe_units
             total.compared_units = (total.compared_units or 0) + r.compared_units
             total.compared_days += r.compared_days
