@@ -2,7 +2,7 @@
 
 Contenders, each measured in every run on the same database (a fresh schema each):
 
-* **ours, 1 and 4 processes**: the worker loop, ``Drainer.run`` (claiming ahead and recording
+* **ours, 1 and 4 processes**: the worker loop, ``run_drainer`` (claiming ahead and recording
   behind while a batch is sent), each process with its own engine (``webapp.db.make_engine``)
   and ``Drainer``, after the ``worker`` command's start-up step (``freeze_startup_objects``);
   the events were enqueued by the real ``enqueue_usage`` (committed) for 20 mapped tenants,
@@ -126,7 +126,7 @@ def _ours_child(url: str, batch: int, ready: Any, go: Any, out: Any) -> None:
         from sqlalchemy import text
 
         from webapp.db import make_engine
-        from webapp.worker import Drainer, freeze_startup_objects
+        from webapp.worker import Drainer, freeze_startup_objects, run_drainer
 
         tag = f"bench-ours-{os.getpid()}"
         engine = make_engine(url, connect_args={"application_name": tag})
@@ -141,7 +141,7 @@ def _ours_child(url: str, batch: int, ready: Any, go: Any, out: Any) -> None:
         go.wait()
         cpu = _CpuMeter(tag)
         t_first = time.monotonic()
-        worker = threading.Thread(target=drainer.run, name="bench-worker")
+        worker = threading.Thread(target=run_drainer, args=(drainer,), name="bench-worker")
         worker.start()
         # The worker loop runs until stopped; the rate runs to the commit of the last outcome
         # (seen by a watcher connection, outside the measured backends).

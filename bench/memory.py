@@ -3,7 +3,7 @@ drains 100,000 events.
 
 The worker is ``python -m bench.noop_worker``: the process ``billing-outbox worker`` builds
 (``create_app`` from the environment, the app's ``Drainer`` with its engine, pool, lane locks
-and ``OUTBOX_CONCURRENCY`` sending threads, ``Drainer.run`` until SIGTERM) with a **no-op
+and ``OUTBOX_CONCURRENCY`` sending threads, ``run_drainer`` until SIGTERM) with a **no-op
 gateway** instead of the SDK: through the fake Stripe a single worker manages some 500 events/s
 on this machine class, so 3 × 100,000 would take most of the 15-minute budget. The real-SDK
 worker's peak RSS is measured by every end-to-end run (10,000 events) and shown there.

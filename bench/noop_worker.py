@@ -1,7 +1,7 @@
 """``python -m bench.noop_worker``: ``billing-outbox worker`` with a no-op gateway.
 
 The same process the CLI's ``worker`` command builds — ``create_app`` from the environment,
-the app's ``Drainer`` (its engine, settings, thread pool, lane locks), ``Drainer.run`` until
+the app's ``Drainer`` (its engine, settings, thread pool, lane locks), ``run_drainer`` until
 SIGTERM/SIGINT — except that the gateway delivers at once instead of calling Stripe. On exit it
 writes every identifier it was handed, one a line, to ``$BENCH_SEEN_PATH``.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 
 def main() -> int:
     from webapp import create_app, services_of
-    from webapp.worker import freeze_startup_objects
+    from webapp.worker import freeze_startup_objects, run_drainer
 
     from .drain import NoopGateway
 
@@ -32,7 +32,7 @@ def main() -> int:
     signal.signal(signal.SIGINT, stop)
     freeze_startup_objects()  # as the worker command does
     try:
-        drainer.run()
+        run_drainer(drainer)
     finally:
         Path(os.environ["BENCH_SEEN_PATH"]).write_text("\n".join(gateway.seen) + "\n")
     return 0

@@ -101,7 +101,7 @@ def insert_batch(engine: Any, n: int, digits: int, now: datetime,
 def _child(url: str, mark: int, batch: int, ready: Any, go: Any, out: Any) -> None:
     try:
         from webapp.db import make_engine
-        from webapp.worker import Drainer, freeze_startup_objects
+        from webapp.worker import Drainer, freeze_startup_objects, run_drainer
 
         tag = f"bench-scale-drain-{os.getpid()}"
         engine = make_engine(url, connect_args={"application_name": tag})
@@ -124,7 +124,7 @@ def _child(url: str, mark: int, batch: int, ready: Any, go: Any, out: Any) -> No
         ready.put(tag)
         go.wait()
         t_first = time.monotonic()
-        worker = threading.Thread(target=drainer.run, name="bench-worker")
+        worker = threading.Thread(target=run_drainer, args=(drainer,), name="bench-worker")
         worker.start()
         with watcher.connect() as conn:
             while True:

@@ -1,5 +1,5 @@
 """``python -m webapp`` is ``billing-outbox``."""
 
-from .web.cli import main
+from .main import main
 
 main()

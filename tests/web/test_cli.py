@@ -185,7 +185,7 @@ def test_stats_json_has_the_contracts_keys(env: dict[str, str], engine: Engine) 
 #: Runs ``billing-outbox`` with its arguments, then names on stderr every module it loaded.
 LOADED = ("import atexit, json, sys\n"
           "atexit.register(lambda: print(json.dumps(sorted(sys.modules)), file=sys.stderr))\n"
-          "from webapp.web.cli import main\n"
+          "from webapp.main import main\n"
           "main(sys.argv[1:])\n")
 
 
@@ -201,7 +201,7 @@ def test_reading_commands_load_neither_the_sdk_nor_alembic_nor_the_pages(
         loaded = set(json.loads(result.stderr.strip().splitlines()[-1]))
         assert not loaded & {"stripe", "requests", "alembic", "webapp.migrate",
                              "webapp.worker", "webapp.web.dashboard", "webapp.web.tenants"}, args
-        assert {"webapp.web.cli_tenants", "webapp.web.cli_stripe"} <= loaded, args
+        assert {"webapp.web.cli.tenants", "webapp.web.cli.stripe_calls"} <= loaded, args
 
 
 def test_drain_once_sends_and_prints_a_summary(env: dict[str, str], engine: Engine,
@@ -462,7 +462,7 @@ def test_usage_json_of_more_rows_than_one_write_is_one_document(
         env: dict[str, str], engine: Engine) -> None:
     """``usage --json`` writes its rows a thousand at a time: across the writes the document
     is still byte for byte ``json.dumps`` of the whole one, every row once, in order."""
-    from webapp.web.cli_tenants import ROWS_PER_WRITE
+    from webapp.web.cli.tenants import ROWS_PER_WRITE
 
     when = utcnow() - timedelta(days=2)
     n = ROWS_PER_WRITE * 2 + 1

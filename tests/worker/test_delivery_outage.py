@@ -3,7 +3,7 @@
 A Stripe outage of 60 s runs in simulated time: the drainer's clock and the circuit breaker's
 monotonic clock run ten times faster than real time, so six real seconds are sixty simulated
 ones, with the breaker's production defaults (2 s cool-down doubling to 60 s). The drainer runs
-in a thread of this process (``Drainer.run``), driving the real SDK against the fake.
+in a thread of this process (``run_drainer``), driving the real SDK against the fake.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from support.fake_stripe import FakeStripe
 
 from webapp.models import DeliveryAttempt, OutboxEvent, utcnow
 from webapp.outbox import enqueue_usage, operations
-from webapp.worker import Drainer
+from webapp.worker import Drainer, run_drainer
 from webapp.worker.breaker import CircuitBreaker
 
 T = OutboxEvent.__table__
@@ -55,7 +55,8 @@ class Running:
 
     def __init__(self, drainer: Drainer) -> None:
         self.drainer = drainer
-        self.thread = threading.Thread(target=drainer.run, name="drainer", daemon=True)
+        self.thread = threading.Thread(target=run_drainer, args=(drainer,), name="drainer",
+                                       daemon=True)
         self.thread.start()
 
     def stop(self) -> None:

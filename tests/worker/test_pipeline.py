@@ -1,7 +1,7 @@
 """The worker loop on PostgreSQL claims the next batch while it sends the current one
-(``Drainer.run``, pipelined). A batch claimed ahead must never outlive the reason to send it:
+(``run_drainer``, pipelined). A batch claimed ahead must never outlive the reason to send it:
 it goes back to the queue, untouched, when the worker stops or when its current batch met a
-systemic answer. A real ``Drainer.run`` in a thread, against the fake over the real SDK."""
+systemic answer. A real ``run_drainer`` in a thread, against the fake over the real SDK."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from support.fake_stripe import FakeStripe
 from webapp.models import DeliveryAttempt, OutboxEvent, utcnow
 from webapp.outbox import enqueue_usage, operations
 from webapp.outbox.control import pause_state
-from webapp.worker import Drainer
+from webapp.worker import Drainer, run_drainer
 
 pytestmark = [pytest.mark.postgres]
 
@@ -38,7 +38,7 @@ def start(pg: Engine, pg_url: str, fake: FakeStripe) -> tuple[Drainer, threading
                                         batch_size=BATCH, concurrency=1))
     assert drainer.pipelined and drainer.meters is not None
     drainer.meters.active()  # a worker reads Stripe's meters as it starts
-    thread = threading.Thread(target=drainer.run, name="drainer", daemon=True)
+    thread = threading.Thread(target=run_drainer, args=(drainer,), name="drainer", daemon=True)
     thread.start()
     return drainer, thread
 
@@ -79,11 +79,11 @@ def test_stopping_releases_the_batch_claimed_ahead(pg_url: str, pg: Engine,
 def test_a_systemic_answer_releases_the_batch_claimed_ahead(pg_url: str, pg: Engine,
                                                             fake_stripe: FakeStripe) -> None:
     fake_stripe.set_latency(0.2)  # the next batch is claimed ahead while this call runs
-    with patch.object(Drainer, "run", autospec=True):   # start, meters read, not running yet
+    with patch(f"{__name__}.run_drainer"):   # start, meters read, not running yet
         drainer, thread = start(pg, pg_url, fake_stripe)
         thread.join()
     fake_stripe.set_auth_failure(401)
-    thread = threading.Thread(target=drainer.run, name="drainer", daemon=True)
+    thread = threading.Thread(target=run_drainer, args=(drainer,), name="drainer", daemon=True)
     thread.start()
     try:
         # The first call is in flight and the next batch is already claimed…

@@ -2,7 +2,7 @@
 
 What the rest of the product may use (``webapp.web`` imports nothing deeper):
 
-- :class:`Drainer` — ``drain_once()`` is one pass, ``run()`` the worker's loop;
+- :class:`Drainer` — ``drain_once()`` is one pass; :func:`run_drainer` the worker's loop;
 - :class:`Maintenance` with :func:`services_for` — the rescuer of expired claims and the
   rollup folder, each with a ``run_once()``, run on their cadence;
 - :class:`Rescuer`, :class:`RollupFolder` — those services, for a scheduler of its own;
@@ -26,6 +26,7 @@ from .drainer import Drainer, DrainSummary
 from .folder import RollupFolder
 from .maintenance import Maintenance, Scheduled, services_for
 from .meters import MeterRefresher
+from .pipeline import run as run_drainer
 from .process import freeze_startup_objects, gateway_from
 from .reconciler import LEASE_SECONDS as RECONCILE_LEASE_SECONDS
 from .reconciler import Reconciler, reconcile
@@ -33,7 +34,7 @@ from .rescuer import Rescuer
 from .stripe_events import EventPoller, PollSummary, event_poller
 from .stripe_events import store as store_report
 
-__all__ = ["RECONCILE_LEASE_SECONDS", "CancelOutcome", "DrainSummary", "Drainer",
+__all__ = ["RECONCILE_LEASE_SECONDS", "CancelOutcome", "DrainSummary", "Drainer", "run_drainer",
            "EventPoller", "Maintenance",
            "MeterRefresher", "PollSummary", "Reconciler", "Rescuer", "RollupFolder",
            "Scheduled", "cancel_events", "check_customers", "customer_directory",

@@ -1,7 +1,7 @@
 """The drain pass: claim due events, send them through the gateway, record what happened.
 
 ``Drainer.drain_once`` is one pass (the CLI's ``drain --once``, the in-app scheduler job and
-the tests call it directly); ``Drainer.run`` loops until asked to stop
+the tests call it directly); ``webapp.worker.run_drainer`` loops until asked to stop
 (:mod:`webapp.worker.pipeline`). No transaction is open while Stripe is called.
 
 Guarantees kept here, on top of the claim's:
@@ -36,13 +36,15 @@ from ..outbox import claims, control, record
 from ..outbox.meters import MeterInfo
 from ..outbox.states import CallResult
 from ..stripe_gateway import Gateway
+from .batch import Sender, Sent
 from .breaker import CircuitBreaker
 from .heartbeat import Heartbeat
 from .lanes import lane_locks
 from .meters import MeterCatalog, MeterRefresher, MeterSource
 from .process import gateway_from, policy_from, worker_name
-from .sending import Sender, Sent
+from .sending import send_calls
 from .shards import ShardView
+from .streaming import send_streams
 from .throttle import RateLimiter, process_limiter
 
 log = logging.getLogger(__name__)
@@ -121,7 +123,7 @@ class Drainer:
             safety_margin_seconds=settings.claim_safety_margin_seconds, clock=clock,
             monotonic=monotonic, stopping=self.stopping, on_systemic=self._pause_systemic,
             on_meter_missing=self._meter_missing,
-            stream=settings.meter_event_api == "v2_stream")
+            strategy=send_streams if settings.meter_event_api == "v2_stream" else send_calls)
         #: Stripe's meters (when the gateway can list them): events of a meter that is not
         #: active at Stripe are not claimed, and each is sent with its meter's payload keys.
         self.meters: MeterCatalog | None = None
@@ -175,12 +177,6 @@ class Drainer:
         self.lanes.close()
         if self.heartbeat is not None:
             self.heartbeat.remove()
-
-    def run(self) -> None:
-        """Drain until ``request_stop``; sleep ``OUTBOX_POLL_INTERVAL_SECONDS`` when idle."""
-        from .pipeline import run
-
-        run(self)
 
     # -- one pass ----------------------------------------------------------------------------
     def drain_once(self) -> DrainSummary:

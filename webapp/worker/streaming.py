@@ -25,13 +25,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
-from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, cast
+from datetime import datetime
+from typing import cast
 
 from ..outbox.claims import Claim, ClaimedEvent
-from ..outbox.meters import DEFAULT_CUSTOMER_KEY, DEFAULT_VALUE_KEY, MeterInfo
+from ..outbox.meters import MeterInfo
 from ..outbox.record import AttemptRecord
-from ..outbox.states import DEAD_PAST_WINDOW, CallResult, Outcome, past_dedupe_window
+from ..outbox.states import CallResult, Outcome
 from ..stripe_gateway import (
     MAX_EVENTS_PER_REQUEST,
     MeterEvent,
@@ -40,9 +40,7 @@ from ..stripe_gateway import (
     split_refused,
 )
 from ..stripe_gateway.stream import request_key
-
-if TYPE_CHECKING:
-    from .sending import LaneResult, Sender
+from .batch import LaneResult, Sender, latest_start, past_window, payload_keys, unknown_from
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +95,7 @@ class _Run:
         self.claim = claim
         self.abort = abort
         self.meters = meters
-        # The last moment a request may start: later, the claim could expire while it runs.
-        self.latest = claim.deadline - timedelta(seconds=sender.safety_margin_seconds)
+        self.latest = latest_start(claim, sender)
         gateway = sender.gateway
         if gateway is None or not hasattr(gateway, "send_batch"):
             raise TypeError("STRIPE_METER_EVENT_API=v2_stream needs a gateway that sends "
@@ -107,8 +104,6 @@ class _Run:
 
     def job(self, requests: Job) -> LaneResult:
         """Send ``requests`` one after another; after one that failed, the rest wait."""
-        from .sending import LaneResult
-
         out = LaneResult()
         for i, events in enumerate(requests):
             rest = [e.id for r in requests[i + 1:] for e in r]
@@ -133,10 +128,7 @@ class _Run:
             return "now"
         send: list[ClaimedEvent] = []
         for ev in events:
-            if ev.first_unknown_at is not None and past_dedupe_window(ev.view(), now, s.policy):
-                out.dead.append((ev.id, DEAD_PAST_WINDOW))
-                log.error("event %d: %s; not resent", ev.id, DEAD_PAST_WINDOW)
-            else:
+            if not past_window(ev, now, s.policy, out):
                 send.append(ev)
         if not send:
             return "ok"
@@ -162,19 +154,15 @@ class _Run:
             result = self.gateway.send_batch(events, key)
         except Exception as exc:
             log.exception("a stream request of %d events: the gateway raised", len(events))
-            unknown = CallResult(Outcome.UNKNOWN, error_class=type(exc).__name__,
-                                 message=str(exc)[:1000])
+            unknown = unknown_from(exc)
             self.s.breaker.record(Outcome.UNKNOWN)
             return StreamResult((unknown,) * len(events), None, keys=(key,) * len(events))
         self.s.breaker.record(_request_outcome(result))
         return result
 
     def _meter_event(self, ev: ClaimedEvent) -> MeterEvent:
-        meter = self.meters.get(ev.meter)
-        keys = ((meter.customer_key, meter.value_key) if meter is not None
-                else (DEFAULT_CUSTOMER_KEY, DEFAULT_VALUE_KEY))
         return MeterEvent(ev.meter, ev.stripe_customer_id, ev.quantity, ev.identifier,
-                          ev.occurred_at, *keys)
+                          ev.occurred_at, *payload_keys(self.meters, ev.meter))
 
     def _file(self, events: list[ClaimedEvent], result: StreamResult, now: datetime, ms: int,
               out: LaneResult) -> str:

@@ -1,59 +1,21 @@
-"""``billing-outbox``: thin commands over the core (a Flask command group).
-
-``flask --app webapp <command>`` is equivalent. Every command exits 0 on success and
-otherwise prints one line on stderr and exits non-zero (1: refused or failed, 2: bad usage or
-configuration).
-"""
+"""The commands over the core: ``db upgrade``, ``serve``, ``worker``, ``drain``, ``stats``,
+``users …``, ``enqueue``, ``requeue``, ``resolve``, ``pause`` and ``resume``. Thin: parse,
+call one function, print."""
 
 from __future__ import annotations
 
-import getpass
 import json
 import os
 import signal
 import sys
 from collections.abc import Callable
-from datetime import datetime
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import click
-from flask import Flask, current_app
-from flask.cli import FlaskGroup
-from sqlalchemy.exc import OperationalError, ProgrammingError
 
-from ..config import ConfigError
-from ..outbox.operations import RESOLVE_REASONS
-from ..services import Services, services_of
-from ..users import ROLES
-
-
-class CommandError(click.ClickException):
-    """A refusal or failure: one line on stderr, exit 1."""
-
-    exit_code = 1
-
-
-def _svc() -> Services:
-    return services_of(current_app)
-
-
-def actor() -> str:
-    """Who runs a command, for the audit log: ``cli:<login>``."""
-    try:
-        return f"cli:{getpass.getuser()}"
-    except Exception:  # noqa: BLE001 - no login name in some containers
-        return f"cli:uid{os.getuid()}"
-
-
-def parse_time(value: str) -> datetime:
-    try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise click.BadParameter(f"not an ISO 8601 time: {value!r}") from None
-    if parsed.tzinfo is None:
-        raise click.BadParameter("needs a time zone, e.g. 2026-01-31T12:00:00Z")
-    return parsed
-
+from ...outbox.operations import RESOLVE_REASONS
+from ...users import ROLES
+from .common import actor, parse_time, services
 
 # -- commands -------------------------------------------------------------------------------------
 
@@ -65,10 +27,10 @@ def db_group() -> None:
 @db_group.command("upgrade")
 def db_upgrade() -> None:
     """Migrate the database to the newest schema (safe to run twice)."""
-    from ..migrate import current_revision, upgrade
+    from ...migrate import current_revision, upgrade
 
-    upgrade(_svc().engine)
-    click.echo(f"database at revision {current_revision(_svc().engine)}")
+    upgrade(services().engine)
+    click.echo(f"database at revision {current_revision(services().engine)}")
 
 
 @click.command("serve")
@@ -89,7 +51,7 @@ def serve(host: str, port: int, workers: int) -> NoReturn:
 @click.command("worker")
 def worker() -> None:
     """Drain in the foreground until SIGTERM/SIGINT; then finish or release what is held."""
-    drainer = _svc().drainer()
+    drainer = services().drainer()
     drainer.announce("worker")
     if drainer.gateway is None:
         click.echo("STRIPE_API_KEY is not set: the worker will send nothing until it is.",
@@ -100,13 +62,13 @@ def worker() -> None:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    from ..worker import Maintenance, freeze_startup_objects
+    from ...worker import Maintenance, freeze_startup_objects, run_drainer
 
-    maintenance = Maintenance(_svc().maintenance())
+    maintenance = Maintenance(services().maintenance())
     freeze_startup_objects()
     maintenance.start()
     try:
-        drainer.run()
+        run_drainer(drainer)
     finally:
         maintenance.stop()
 
@@ -115,12 +77,12 @@ def worker() -> None:
 @click.option("--once", is_flag=True, help="One pass (one batch); otherwise until nothing is due.")
 def drain(once: bool) -> None:
     """Drain due events and print a JSON summary."""
-    from ..worker import Rescuer
+    from ...worker import Rescuer
 
-    drainer = _svc().drainer()
+    drainer = services().drainer()
     drainer.shards = False  # a one-off: it does not take a share from the running workers
     try:
-        rescued = Rescuer(_svc().engine).run_once() if drainer.gateway is not None else 0
+        rescued = Rescuer(services().engine).run_once() if drainer.gateway is not None else 0
         summary = drainer.drain_once()
         summary.rescued = rescued
         if not once:
@@ -144,14 +106,14 @@ def drain(once: bool) -> None:
 def stats(as_json: bool) -> None:
     """Counts by status, the oldest pending age, the state of sending (the dashboard's
     status line) and the pause switch."""
-    from ..read.stats import stats as compute
+    from ...read.stats import stats as compute
 
-    data = compute(_svc().engine, now=_svc().clock(),
-                   api_key_here=_svc().settings.stripe_mode != "none",
-                   retention_days=_svc().settings.retention_days,
-                   meter_event_api=_svc().settings.meter_event_api,
-                   stripe_api_base=_svc().settings.stripe_api_base,
-                   stripe_meter_events_base=_svc().settings.meter_events_base)
+    data = compute(services().engine, now=services().clock(),
+                   api_key_here=services().settings.stripe_mode != "none",
+                   retention_days=services().settings.retention_days,
+                   meter_event_api=services().settings.meter_event_api,
+                   stripe_api_base=services().settings.stripe_api_base,
+                   stripe_meter_events_base=services().settings.meter_events_base)
     if as_json:
         click.echo(json.dumps(data))
         return
@@ -180,23 +142,23 @@ def users() -> None:
 @click.option("--password-stdin", is_flag=True, help="Read the password from standard input.")
 def users_create(email: str, role: str, password_stdin: bool) -> None:
     """Create a user; the password comes from a prompt or standard input."""
-    from ..users import create_user
+    from ...users import create_user
 
     if password_stdin:
         password = sys.stdin.readline().rstrip("\r\n")
     else:
         password = click.prompt("Password", hide_input=True, confirmation_prompt=True)
-    create_user(_svc().engine, email, password, role, now=_svc().clock(), actor=actor())
+    create_user(services().engine, email, password, role, now=services().clock(), actor=actor())
     click.echo(f"created {email.strip().lower()} ({role})")
 
 
 def _on_user(email: str, change: Callable[..., str], *args: object) -> str:
     """Apply ``change(engine, user_id, *args, now=, actor=)`` to the user with ``email``;
     the email it names (audited as the CLI user)."""
-    from ..users import user_id_by_email
+    from ...users import user_id_by_email
 
-    engine = _svc().engine
-    return change(engine, user_id_by_email(engine, email), *args, now=_svc().clock(),
+    engine = services().engine
+    return change(engine, user_id_by_email(engine, email), *args, now=services().clock(),
                   actor=actor())
 
 
@@ -205,7 +167,7 @@ def _on_user(email: str, change: Callable[..., str], *args: object) -> str:
 @click.option("--role", required=True, type=click.Choice(ROLES))
 def users_set_role(email: str, role: str) -> None:
     """Give a user another role; their sessions end."""
-    from ..users import set_role
+    from ...users import set_role
 
     click.echo(f"{_on_user(email, set_role, role)} is now {role}; their sessions have ended")
 
@@ -214,7 +176,7 @@ def users_set_role(email: str, role: str) -> None:
 @click.argument("email")
 def users_deactivate(email: str) -> None:
     """Deactivate a user; their sessions end at once."""
-    from ..users import set_active
+    from ...users import set_active
 
     click.echo(f"{_on_user(email, set_active, False)} deactivated")
 
@@ -223,7 +185,7 @@ def users_deactivate(email: str) -> None:
 @click.argument("email")
 def users_activate(email: str) -> None:
     """Reactivate a user (they sign in anew)."""
-    from ..users import set_active
+    from ...users import set_active
 
     click.echo(f"{_on_user(email, set_active, True)} reactivated")
 
@@ -232,7 +194,7 @@ def users_activate(email: str) -> None:
 @click.argument("email")
 def users_end_sessions(email: str) -> None:
     """Sign a user out on every device."""
-    from ..users import end_sessions
+    from ...users import end_sessions
 
     click.echo(f"every session of {_on_user(email, end_sessions)} has ended")
 
@@ -242,11 +204,11 @@ def users_end_sessions(email: str) -> None:
 def users_reset_password(email: str) -> None:
     """A new random password, printed once; the user must change it at their next log-in.
     Also lifts a log-in lock on the account (the way back in for a locked-out admin)."""
-    from ..users import reset_password, user_id_by_email
+    from ...users import reset_password, user_id_by_email
 
-    engine = _svc().engine
+    engine = services().engine
     done, password = reset_password(engine, user_id_by_email(engine, email),
-                                    now=_svc().clock(), actor=actor())
+                                    now=services().clock(), actor=actor())
     click.echo(f"temporary password for {done} (shown once; they must change it): {password}")
 
 
@@ -261,12 +223,12 @@ def enqueue(tenant: str, quantity: int, key: str, meter: str | None,
     """Enqueue one usage event (prints its id)."""
     from sqlalchemy.orm import Session
 
-    from ..outbox import enqueue_usage
+    from ...outbox import enqueue_usage
 
     when = parse_time(occurred_at) if occurred_at else None
-    with Session(_svc().engine) as db, db.begin():
+    with Session(services().engine) as db, db.begin():
         row = enqueue_usage(db, tenant_id=tenant, quantity=quantity, idempotency_key=key,
-                            meter=meter or _svc().settings.stripe_meter_event_name,
+                            meter=meter or services().settings.stripe_meter_event_name,
                             occurred_at=when)
         click.echo(json.dumps({"id": row.id, "status": row.status, "key": row.idempotency_key}))
 
@@ -278,13 +240,13 @@ def enqueue(tenant: str, quantity: int, key: str, meter: str | None,
                    "window. Stripe may already have them: check before forcing, or bill twice.")
 def requeue(ids: tuple[int, ...], force: bool) -> None:
     """Send dead or rejected events again (rejected ones under a new identifier)."""
-    from ..outbox.operations import requeue as do_requeue
+    from ...outbox.operations import requeue as do_requeue
 
-    svc = _svc()
+    svc = services()
     if force:
         click.echo("warning: --force resends events Stripe may already have recorded; "
                    "a resend outside its dedupe window bills twice.", err=True)
-    result = do_requeue(svc.engine, ids, actor=actor(), now=_svc().clock(), force=force,
+    result = do_requeue(svc.engine, ids, actor=actor(), now=services().clock(), force=force,
                         window_seconds=svc.settings.dedupe_window_seconds)
     click.echo(f"requeued {len(result.event_ids)} event(s)")
 
@@ -296,10 +258,10 @@ def requeue(ids: tuple[int, ...], force: bool) -> None:
 @click.option("--note", required=True)
 def resolve(ids: tuple[int, ...], reason: str, note: str) -> None:
     """Close dead or rejected events by hand, with a reason and a note (kept in history)."""
-    from ..outbox.operations import resolve as do_resolve
+    from ...outbox.operations import resolve as do_resolve
 
-    result = do_resolve(_svc().engine, ids, actor=actor(), reason=reason, note=note,
-                        now=_svc().clock())
+    result = do_resolve(services().engine, ids, actor=actor(), reason=reason, note=note,
+                        now=services().clock())
     click.echo(f"resolved {len(result.event_ids)} event(s)")
 
 
@@ -307,76 +269,20 @@ def resolve(ids: tuple[int, ...], reason: str, note: str) -> None:
 @click.option("--reason", default=None)
 def pause(reason: str | None) -> None:
     """Stop sending, for every worker, until ``resume``."""
-    from ..outbox.operations import pause as do_pause
+    from ...outbox.operations import pause as do_pause
 
-    do_pause(_svc().engine, actor=actor(), reason=reason, now=_svc().clock())
+    do_pause(services().engine, actor=actor(), reason=reason, now=services().clock())
     click.echo("sending paused")
 
 
 @click.command("resume")
 def resume() -> None:
     """Restart sending."""
-    from ..outbox.operations import resume as do_resume
+    from ...outbox.operations import resume as do_resume
 
-    do_resume(_svc().engine, actor=actor(), now=_svc().clock())
+    do_resume(services().engine, actor=actor(), now=services().clock())
     click.echo("sending resumed")
 
 
 COMMANDS: list[click.Command] = [db_group, serve, worker, drain, stats, users, enqueue,
                                  requeue, resolve, pause, resume]
-
-
-def register_commands(app: Flask) -> None:
-    """Add the commands to ``app.cli`` (so ``flask --app webapp …`` has them too)."""
-    from . import cli_retention, cli_stripe, cli_tenants
-
-    for command in (COMMANDS + cli_tenants.COMMANDS + cli_stripe.COMMANDS
-                    + cli_retention.COMMANDS):
-        app.cli.add_command(command)
-
-
-# -- entry point ----------------------------------------------------------------------------------
-
-def _known_error(exc: BaseException) -> str | None:
-    from ..outbox import IdempotencyConflict, InvalidUsage
-    from ..outbox.operations import OperationError
-    from ..users import UserError
-
-    if isinstance(exc, ConfigError | OperationError | InvalidUsage | IdempotencyConflict
-                  | UserError):
-        return str(exc)
-    if isinstance(exc, ProgrammingError | OperationalError):
-        text = str(exc.orig) if getattr(exc, "orig", None) is not None else str(exc)
-        first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-        if "no such table" in first or "does not exist" in first:
-            return (f"the database schema is missing or old ({first}); "
-                    "run: billing-outbox db upgrade")
-        return f"database error: {first}"
-    return None
-
-
-def main(argv: list[str] | None = None) -> None:
-    """The ``billing-outbox`` console script."""
-    from ..app import create_app
-
-    group = FlaskGroup(name="billing-outbox",
-                       create_app=lambda: create_app(start_drainer=False, pages=False),
-                       add_default_commands=False, add_version_option=False,
-                       load_dotenv=False, set_debug_flag=False,
-                       help="billing-outbox: usage to Stripe from a transactional outbox.")
-    run: Callable[..., Any] = group.main
-    try:
-        rv = run(args=argv, prog_name="billing-outbox", standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("billing-outbox: aborted", err=True)
-        sys.exit(1)
-    except click.ClickException as exc:
-        click.echo(f"billing-outbox: {exc.format_message()}", err=True)
-        sys.exit(exc.exit_code)
-    except Exception as exc:  # noqa: BLE001 - mapped to one line below, or re-raised
-        message = _known_error(exc)
-        if message is None:
-            raise
-        click.echo(f"billing-outbox: {message}", err=True)
-        sys.exit(2 if isinstance(exc, ConfigError) else 1)
-    sys.exit(rv if isinstance(rv, int) else 0)

@@ -9,8 +9,8 @@ from datetime import datetime
 import click
 from flask import current_app
 
-from ..services import services_of
-from .cli import actor, parse_time
+from ...services import services_of
+from .common import actor, parse_time
 
 
 @click.command("prune")
@@ -23,7 +23,7 @@ def prune_command(dry_run: bool, as_json: bool, as_of: str | None) -> None:
     """Remove sent, resolved and cancelled events (and their recorded calls) whose last
     change is older than OUTBOX_RETENTION_DAYS. Dead and rejected events, and events
     waiting or in flight, are never removed; usage totals stay the same."""
-    from ..outbox.retention import prune
+    from ...outbox.retention import prune
 
     svc = services_of(current_app)
     now = svc.clock()

@@ -9,16 +9,15 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 import click
-from flask import current_app
 
-from ..config import ConfigError
-from ..outbox.operations import RESOLVE_REASONS
-from ..read.words import CANCEL_WORDS
-from ..services import Services, services_of
-from ..stripe_gateway import StripeCallFailed
+from ...config import ConfigError
+from ...outbox.operations import RESOLVE_REASONS
+from ...read.words import CANCEL_WORDS
+from ...stripe_gateway import StripeCallFailed
+from .common import services
 
 if TYPE_CHECKING:
-    from ..stripe_gateway import StripeGateway
+    from ...stripe_gateway import StripeGateway
 
 
 class StripeUnreachable(click.ClickException):
@@ -27,14 +26,10 @@ class StripeUnreachable(click.ClickException):
     exit_code = 1
 
 
-def _svc() -> Services:
-    return services_of(current_app)
-
-
 def _gateway() -> StripeGateway:
-    from ..worker import gateway_from
+    from ...worker import gateway_from
 
-    gateway = gateway_from(_svc().settings)
+    gateway = gateway_from(services().settings)
     if gateway is None:
         raise ConfigError("STRIPE_API_KEY is not set: Stripe cannot be asked")
     return gateway
@@ -61,9 +56,9 @@ def stripe_events() -> None:
 @stripe_events.command("poll")
 def stripe_events_poll() -> None:
     """Read Stripe's error reports since the last one stored; print a JSON summary."""
-    from ..worker import MeterRefresher, event_poller
+    from ...worker import MeterRefresher, event_poller
 
-    svc, gateway = _svc(), _gateway()
+    svc, gateway = services(), _gateway()
     meters = MeterRefresher(svc.engine, gateway, clock=svc.clock)
     try:
         summary = event_poller(svc.engine, gateway, svc.settings, clock=svc.clock,
@@ -85,9 +80,9 @@ def reconcile(ctx: click.Context, since: str | None, until: str | None, tenant: 
     resend`` sends again a day Stripe was found to hold none of."""
     if ctx.invoked_subcommand is not None:
         return
-    from ..worker import reconcile as run_reconcile
+    from ...worker import reconcile as run_reconcile
 
-    svc, gateway = _svc(), _gateway()
+    svc, gateway = services(), _gateway()
     try:
         run = run_reconcile(svc.engine, gateway, svc.settings, since=_time(since, "--since"),
                             until=_time(until, "--until"), tenant_id=tenant, trigger="cli",
@@ -125,11 +120,11 @@ def reconcile_resend(tenant: str, meter: str, day: datetime, customer: str | Non
     latest reconciliation that compared that day found Stripe holding none of it (audited).
     Where Stripe holds part of it, nothing is sent: a person chooses the events on the
     Reconciliation page. A day sent again once is not sent again."""
-    from ..db import reading
-    from ..outbox.findings import bucket_for
-    from ..outbox.resend import plan_day, resend_day
+    from ...db import reading
+    from ...outbox.findings import bucket_for
+    from ...outbox.resend import plan_day, resend_day
 
-    svc = _svc()
+    svc = services()
     with reading(svc.engine) as conn:
         bucket = bucket_for(conn, tenant, meter, day.date(), customer)
         plan = plan_day(conn, bucket, now=svc.clock()) if dry_run else None
@@ -166,9 +161,9 @@ def reconcile_resend(tenant: str, meter: str, day: datetime, customer: str | Non
 def cancel(ids: tuple[int, ...], reason: str, note: str) -> None:
     """Cancel the events at Stripe; print Stripe's answer for each and what a cancel does,
     and the events Stripe refused."""
-    from ..worker import cancel_events
+    from ...worker import cancel_events
 
-    svc = _svc()
+    svc = services()
     outcome = cancel_events(svc.engine, _gateway(), ids, actor=_actor(), reason=reason,
                             note=note, now=svc.clock())
     click.echo(f"cancelled {len(outcome.cancelled)} event(s)")
@@ -181,7 +176,7 @@ def cancel(ids: tuple[int, ...], reason: str, note: str) -> None:
 
 
 def _actor() -> str:
-    from .cli import actor
+    from .common import actor
 
     return actor()
 

@@ -13,18 +13,12 @@ from datetime import UTC, date
 from typing import TYPE_CHECKING
 
 import click
-from flask import current_app
 
-from ..services import Services, services_of
-from ..stripe_gateway import StripeCallFailed
-from .cli import actor
+from ...stripe_gateway import StripeCallFailed
+from .common import actor, services
 
 if TYPE_CHECKING:
-    from ..outbox.customers import CustomerVerdicts
-
-
-def _svc() -> Services:
-    return services_of(current_app)
+    from ...outbox.customers import CustomerVerdicts
 
 
 @click.group("tenants")
@@ -40,14 +34,14 @@ def tenants_set(tenant_id: str, stripe_customer: str, name: str | None) -> None:
     """Map TENANT_ID to a Stripe customer (its waiting events become sendable). With
     STRIPE_API_KEY set, Stripe is asked first: a customer it does not have, has deleted, or
     could not be asked about is refused and nothing changes."""
-    from ..outbox.operations import OperationError, mapping_problem, set_tenant
+    from ...outbox.operations import OperationError, mapping_problem, set_tenant
 
     problem = mapping_problem(tenant_id, stripe_customer)
     if problem:
         raise OperationError(problem)
     customers = _verdicts([stripe_customer])
-    set_tenant(_svc().engine, tenant_id, stripe_customer_id=stripe_customer, name=name,
-               now=_svc().clock(), actor=actor(), customers=customers)
+    set_tenant(services().engine, tenant_id, stripe_customer_id=stripe_customer, name=name,
+               now=services().clock(), actor=actor(), customers=customers)
     click.echo(f"{tenant_id} -> {stripe_customer}")
     if not customers.checked:
         click.echo(f"{stripe_customer}: {customers.how}", err=True)
@@ -55,9 +49,9 @@ def tenants_set(tenant_id: str, stripe_customer: str, name: str | None) -> None:
 
 def _verdicts(customer_ids: Iterable[str]) -> CustomerVerdicts:
     """What Stripe says of these customers (nothing asked without a key)."""
-    from ..worker import check_customers, gateway_from
+    from ...worker import check_customers, gateway_from
 
-    svc = _svc()
+    svc = services()
     gateway = gateway_from(svc.settings)
     try:
         return check_customers(svc.engine, gateway, svc.settings, customer_ids,
@@ -76,7 +70,7 @@ def tenants_import(file: str, dry_run: bool) -> None:
     all or nothing; one bad line refuses the file, each one named. With STRIPE_API_KEY set,
     Stripe is asked about each customer the file names, once: one it does not have, has
     deleted, or could not be asked about makes its line a bad one."""
-    from ..outbox.tenant_import import import_mappings, read_file
+    from ...outbox.tenant_import import import_mappings, read_file
 
     with open(file, encoding="utf-8-sig", newline="") as fh:
         try:
@@ -89,8 +83,8 @@ def tenants_import(file: str, dry_run: bool) -> None:
         # Stripe is asked only about a file that is otherwise good: a bad line would refuse
         # it anyway, and a long file's customers take a while to ask about.
         customers = _verdicts({m.stripe_customer_id for m in rows})
-        result = import_mappings(_svc().engine, rows, result, customers=customers,
-                                 now=_svc().clock(), actor=actor(),
+        result = import_mappings(services().engine, rows, result, customers=customers,
+                                 now=services().clock(), actor=actor(),
                                  source=os.path.basename(file), dry_run=dry_run)
     if result.bad_lines:
         for problem in result.problems:
@@ -121,14 +115,14 @@ def tenants_sync(metadata_key: str, dry_run: bool) -> None:
     skipped; each is reported on a line of its own, the other mappings are applied all the
     same (one transaction, audited once), and the exit status is then 1. Tenants no
     customer names are left as they are."""
-    from ..outbox.tenant_sync import key_problem, sync_mappings
-    from ..worker import stripe_customers
-    from .cli_stripe import StripeUnreachable, _gateway
+    from ...outbox.tenant_sync import key_problem, sync_mappings
+    from ...worker import stripe_customers
+    from .stripe_calls import StripeUnreachable, _gateway
 
     problem = key_problem(metadata_key)
     if problem:
         raise click.BadParameter(problem, param_hint="--metadata-key")
-    svc = _svc()
+    svc = services()
     try:
         customers = stripe_customers(
             svc.engine, _gateway(), metadata_key,
@@ -156,10 +150,10 @@ def tenants_sync(metadata_key: str, dry_run: bool) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def tenants_list(as_json: bool) -> None:
     """Every tenant and its Stripe customer."""
-    from ..db import reading
-    from ..read.tenants import tenants_list
+    from ...db import reading
+    from ...read.tenants import tenants_list
 
-    with reading(_svc().engine) as conn:
+    with reading(services().engine) as conn:
         rows = [{k: r[k] for k in ("tenant_id", "name", "stripe_customer_id")}
                 for r in tenants_list(conn)]
     if as_json:
@@ -191,10 +185,10 @@ ROWS_PER_WRITE = 1000
 def usage(start: str | None, end: str | None, tenant: str | None, as_json: bool) -> None:
     """The Tenants & usage numbers: events and units per tenant and meter, by status, for the
     events that occurred (UTC days) in the period, as Stripe bills them."""
-    from ..read.tenants import USAGE_STATUSES, UsageRow, month_start
-    from ..read.usage_table import usage_rows_streamed
+    from ...read.tenants import USAGE_STATUSES, UsageRow, month_start
+    from ...read.usage_table import usage_rows_streamed
 
-    now = _svc().clock()
+    now = services().clock()
     first = _parse_day(start) or month_start(now)
     last = _parse_day(end) or now.astimezone(UTC).date()
     if last < first:
@@ -202,7 +196,7 @@ def usage(start: str | None, end: str | None, tenant: str | None, as_json: bool)
     statuses = (*USAGE_STATUSES, "processing")
     # Streamed from one snapshot, a thousand rows at a time: at 100,000 tenants the whole
     # document (75 MB) built in memory first took 800 MB.
-    found = usage_rows_streamed(_svc().engine, start=first, end=last, tenant_id=tenant,
+    found = usage_rows_streamed(services().engine, start=first, end=last, tenant_id=tenant,
                                 in_flight_apart=True)
     # The query runs before anything is written: a database that fails it leaves no half
     # document behind.
