@@ -12,20 +12,24 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from conftest import cli, make_settings, worker_env
-from sqlalchemy import Engine, update
+from conftest import cli, make_settings, wait_for, worker_env
+from sqlalchemy import Engine, insert, select, update
 from sqlalchemy.orm import Session
 from support.fake_stripe import FakeStripe
 
+from webapp.app import create_app
 from webapp.db import reading
-from webapp.models import utcnow
+from webapp.models import AuditEntry, OutboxEvent, Tenant, utcnow
 from webapp.outbox import enqueue_usage, operations
 from webapp.outbox.sql import RECON_RUNS
 from webapp.read import tenants as reads
 from webapp.read.compared import meter_totals
 from webapp.worker import Drainer, gateway_from, reconcile
 
+from .conftest import csrf_of, login
 from .test_tenants import read_usage_csv
+
+OUTBOX = OutboxEvent.__table__
 
 DAY = timedelta(days=1)
 METER = "api_requests"
@@ -264,3 +268,71 @@ def test_a_remapped_tenants_page_has_a_row_per_customer_and_a_total_per_meter(
     assert sorted(rows) == [(METER, "cus_initech", "7"), (METER, "cus_initech2", "5")]
     total = table.split(f'data-meter-total="{METER}"')[1].split("</tr>")[0]
     assert f"Total {METER}" in total and 'data-col="total_sent_quantity">12<' in total
+
+
+def test_a_viewers_check_with_stripe_writes_nothing_but_the_comparison(
+        engine: Engine, fake: FakeStripe, settings: Any, users: dict[str, str]) -> None:
+    """A viewer may ask for the period's comparison (signed in, with the form's CSRF token);
+    it reads Stripe and keeps a run and its days, and no event, mapping or audit entry
+    changes."""
+    operations.set_tenant(engine, "acme", stripe_customer_id="cus_initech", name=None,
+                          now=utcnow())
+    send(engine, settings, "acme", [(2, 3)], "a")
+    with engine.begin() as conn:  # long settled: the day can be compared at once
+        conn.execute(update(OUTBOX).values(updated_at=utcnow() - timedelta(hours=2)))
+    app = create_app({"TESTING": True}, settings=settings, engine=engine, start_drainer=False)
+    day = midday(2).date().isoformat()
+    form = {"from": day, "to": day}
+    anonymous = app.test_client()
+    refused = anonymous.post("/tenants/check-with-stripe",
+                             data={**form, "csrf_token": csrf_of(anonymous, "/login")})
+    assert refused.status_code in (302, 303, 401) and runs(engine) == []  # signed in only
+    viewer = app.test_client()
+    assert login(viewer, users["viewer"]).status_code == 303
+    assert viewer.post("/tenants/check-with-stripe", data=form).status_code == 400  # no CSRF
+    assert runs(engine) == []
+
+    before = tables(engine)
+    resp = viewer.post("/tenants/check-with-stripe",
+                       data={**form, "csrf_token": csrf_of(viewer, f"/tenants?from={day}")})
+    assert resp.status_code == 303
+    wait_for(lambda: [r.finished_at is not None for r in runs(engine)] == [True], 20,
+             message="the check's run ends")
+    (run,) = runs(engine)
+    assert (run.trigger, run.actor, run.buckets_checked, run.mismatches) == (
+        "check", users["viewer"], 1, 0)
+    assert tables(engine) == before          # events, mappings, audit: as they were
+    with reading(engine) as conn:
+        assert meter_totals(conn, midday(2).date(), midday(2).date())[METER][:2] == (3.0, 3)
+
+
+def runs(engine: Engine) -> list[Any]:
+    with engine.connect() as conn:
+        return conn.execute(select(RECON_RUNS)).all()
+
+
+def tables(engine: Engine) -> dict[str, list[Any]]:
+    with engine.connect() as conn:
+        return {t.name: sorted(map(tuple, conn.execute(select(t)).all()), key=repr)
+                for t in (OUTBOX, Tenant.__table__, AuditEntry.__table__)}
+
+
+def test_a_narrow_check_never_stands_for_the_whole_reconciliation(
+        engine: Engine, client_as: Any) -> None:
+    """A viewer's check of one day, or one tenant's run, after a run of everything found a
+    mismatch: the Overview's tile still names the whole run's mismatch, and what it covered."""
+    now = utcnow()
+    whole = dict(started_at=now - timedelta(hours=2), finished_at=now - timedelta(hours=2),
+                 since=now - timedelta(days=34), until=now - timedelta(hours=2),
+                 trigger="schedule", buckets_checked=30, pending=0, mismatches=1, ok=True)
+    with engine.begin() as conn:
+        conn.execute(insert(RECON_RUNS).values(**whole))
+        for narrow in (dict(trigger="check", actor="viewer@example.com"),
+                       dict(trigger="cli", tenant_id="acme")):
+            conn.execute(insert(RECON_RUNS).values(**dict(
+                whole, started_at=now, finished_at=now, since=now - timedelta(days=3),
+                until=now - timedelta(days=2), buckets_checked=1, mismatches=0, **narrow)))
+    html = client_as("viewer").get("/").get_data(as_text=True)
+    tile = html.split('data-k="reconciled">')[1].split("</div>")[0]
+    assert tile.startswith("1 mismatch<")
+    assert f"{whole['since']:%Y-%m-%d} – " in tile

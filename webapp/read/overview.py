@@ -130,7 +130,7 @@ def overview(engine: Engine, *, now: datetime, stripe_mode: str = "test",
         near, over = age_limits(conn, now, counts)
         unmapped = unmapped_tenants(conn)
         events_read = sync.sync_status(conn, sync.EVENTS)
-        reconciled = last_run(conn)
+        reconciled = last_run(conn, whole=True)
         meters = waiting_for_meters(conn)
     ov = Overview(now, counts, oldest, per_minute, per_hour, hour, day, status, switch,
                   dead_day, near, over, unmapped, events_read, reconciled, meters, rng, chart)

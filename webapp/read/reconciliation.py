@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, Engine, select
@@ -33,6 +33,14 @@ class RunSummary:
     errors: list[str]
     notes: list[str]
 
+    @property
+    def covers(self) -> str:
+        """What it compared, in words: its UTC days, and the tenant when it was one's."""
+        last = self.until - timedelta(seconds=1)
+        days = (f"{self.since:%Y-%m-%d}" if last.date() == self.since.date()
+                else f"{self.since:%Y-%m-%d} – {last:%Y-%m-%d}")
+        return days + (f", tenant {self.tenant_id}" if self.tenant_id else "")
+
 
 def _summary(row: Any) -> RunSummary:
     r = row_dict(row)
@@ -42,9 +50,19 @@ def _summary(row: Any) -> RunSummary:
                       json.loads(r["errors"] or "[]"), json.loads(r["notes"] or "[]"))
 
 
-def last_run(conn: Connection) -> RunSummary | None:
-    """The most recent reconciliation, if any."""
-    row = conn.execute(select(RECON_RUNS).order_by(RECON_RUNS.c.id.desc()).limit(1)).first()
+#: Runs of part of the window only: one tenant's (``reconcile --tenant``), or a period a
+#: person asked to check from Tenants & usage.
+NARROW = RECON_RUNS.c.tenant_id.is_not(None) | (RECON_RUNS.c.trigger == "check")
+
+
+def last_run(conn: Connection, *, whole: bool = False) -> RunSummary | None:
+    """The most recent reconciliation, if any; ``whole``: the most recent of every tenant
+    over the whole window (a narrower check must not stand for it, nor clear what it
+    found), else the most recent of any."""
+    query = select(RECON_RUNS).order_by(RECON_RUNS.c.id.desc()).limit(1)
+    row = conn.execute(query.where(~NARROW) if whole else query).first()
+    if row is None and whole:
+        row = conn.execute(query).first()
     return None if row is None else _summary(row)
 
 
