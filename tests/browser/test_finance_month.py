@@ -25,7 +25,7 @@ from webapp.db import make_engine
 from webapp.models import utcnow
 from webapp.outbox.reconciliation import ComparedDay, keep_days
 from webapp.outbox.rollups import fold, fold_margin
-from webapp.outbox.sql import RECON_RUNS, T
+from webapp.outbox.sql import RECON_MISMATCHES, RECON_RUNS, T
 from webapp.users import create_user
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -78,6 +78,10 @@ def stack(request: pytest.FixtureRequest,
                                          (days[0], "cus_acme", "acme", 2)):
             seed.event(status="sent", tenant_id=tenant, stripe_customer_id=customer,
                        quantity=q, occurred_at=day, sent_at=day, now=day)
+        seed.event(status="rejected", tenant_id="acme", stripe_customer_id="cus_acme",
+                   quantity=1, occurred_at=days[0], sent_at=days[0], rejected_at=days[0],
+                   reject_code="meter_event_customer_not_found",
+                   reject_message="No such customer: 'cus_acme'", now=days[0])
         fold(engine, now=now, margin=fold_margin(30))
         _run(engine, checked=0, pending=4, mismatches=0, at=now - timedelta(hours=3))
         env = worker_env(db_url, "http://127.0.0.1:9", DRAINER_ENABLED="false")
@@ -118,12 +122,19 @@ def test_a_finance_walk_from_the_overview_to_the_months_file(
     rows = []
     with stack.engine.connect() as read:
         for customer, occurred, q in read.execute(select(
-                T.c.stripe_customer_id, T.c.occurred_at, T.c.quantity)):
+                T.c.stripe_customer_id, T.c.occurred_at, T.c.quantity).where(
+                T.c.status == "sent")):
             lost = customer == "cus_initech" and q == 4
             rows.append(ComparedDay(customer, METER, occurred.date().isoformat(), "sum", q,
                                     0.0 if lost else q))
     with stack.engine.begin() as conn:
         keep_days(conn, run, rows, at=now)
+        lost_day = next(d for d in rows if d.stripe == 0.0)
+        start = datetime.fromisoformat(lost_day.day).replace(tzinfo=UTC)
+        conn.execute(insert(RECON_MISMATCHES).values(
+            run_id=run, tenant_id="initech", stripe_customer_id="cus_initech", meter=METER,
+            formula="sum", start=start, end=start + timedelta(days=1), local_units=4,
+            stripe_units=0.0, difference=-4.0))
     finance.goto("/")
     tile = page.locator('a[data-k="reconciled"]')
     assert tile.inner_text() == "1 mismatch"
@@ -136,12 +147,14 @@ def test_a_finance_walk_from_the_overview_to_the_months_file(
     table = page.locator("#usage-table")
     old = table.locator('tr[data-customer="cus_initech"]')
     assert old.locator('[data-col="sent_quantity"]').inner_text() == "7"
-    assert old.locator('[data-col="stripe_units"]').inner_text() == "3"
+    assert old.locator('[data-col="stripe_units"] [data-figure]').inner_text() == "3"
+    # when it was compared, on screen (the exact time in the title)
+    assert old.locator('[data-col="compared_at"]').inner_text() == f"{now:%d %b}"
     assert old.locator('[data-col="stripe_difference"]').inner_text() == "-4"
     assert "2 days compared" in (old.locator('[data-col="stripe_units"]')
                                  .get_attribute("title") or "")
-    assert table.locator('tr[data-customer="cus_initech2"] [data-col="stripe_units"]'
-                         ).inner_text() == "5"
+    assert table.locator('tr[data-customer="cus_initech2"] [data-col="stripe_units"] '
+                         '[data-figure]').inner_text() == "5"
     finance.shot(f"finance-{backend}-tenants")
 
     # On a phone, the sent units, Stripe's and the difference of each row stay on screen.
@@ -151,12 +164,24 @@ def test_a_finance_walk_from_the_overview_to_the_months_file(
     phone.screenshot(path=str(SHOTS / f"finance-{backend}-tenants-phone.png"), full_page=True)
     shown = phone.locator("#usage-table").locator("xpath=..").bounding_box()  # the scroller
     assert shown is not None
-    for col in ("sent_quantity", "stripe_units", "stripe_difference"):
+    for col in ("sent_quantity", "stripe_units", "compared_at", "stripe_difference"):
         cell = phone.locator(f'tr[data-customer="cus_initech"] [data-col="{col}"]')
         box = cell.bounding_box()
         assert box is not None, col
+        # inside the table's scroller, and inside the phone's screen as it opens
         assert shown["x"] <= box["x"] and box["x"] + box["width"] <= shown["x"] + shown["width"], (
             col, box, shown)
+        assert box["x"] >= 0 and box["x"] + box["width"] <= 390, (col, box)
+    # The reconciliation's ours / Stripe's / difference, and why Stripe refused events.
+    for path, cols in ((f"/reconciliation?run={run}", ("ours", "stripe", "difference")),
+                       ("/rejected", ("why",))):
+        phone.goto(path)
+        phone.screenshot(path=str(SHOTS / f"finance-{backend}-{path[1:6]}-phone.png"),
+                         full_page=True)
+        for col in cols:
+            box = phone.locator(f'[data-col="{col}"]').first.bounding_box()
+            assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 390, (
+                path, col, box)
     phone.close()
 
     with page.expect_download() as got:

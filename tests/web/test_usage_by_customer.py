@@ -129,7 +129,9 @@ def test_the_page_the_csv_and_usage_json_show_each_customer_and_stripes_figure(
     html = viewer.get(f"/tenants?{period}").get_data(as_text=True)
     for customer, stripe, diff in (("cus_initech", ">3", ">-4"), ("cus_initech2", ">5", ">=")):
         row = html.split(f'data-customer="{customer}">')[1].split("</tr>")[0]
-        assert row.split('data-col="stripe_units"')[1].split("</td>")[0].endswith(stripe)
+        cell = row.split('data-col="stripe_units"')[1].split("</td>")[0]
+        assert cell.split("data-figure")[1].split("</span>")[0].endswith(stripe)
+        assert 'data-col="compared_at">' in cell
         assert row.split('data-col="stripe_difference"')[1].split("</td>")[0].endswith(diff)
     _, header, rows, totals = read_usage_csv(viewer.get(f"/tenants.csv?{period}")
                                              .get_data(as_text=True))

@@ -217,8 +217,13 @@ def stripe_cells(r: Any) -> str:
     title = (f"Stripe's figure for the {days} compared (as of {at} UTC); ours then: "
              f"{r.compared_units:,}")
     diff = r.difference or 0.0
+    # When it was compared, on screen too (a title is out of reach on a phone): the day; the
+    # time is in the title.
+    on = f"{r.compared_at:%d %b}" if r.compared_at else "—"
     return (f'<td class="num" data-col="stripe_units" title="{escape(title)}">'
-            f'{_amount(r.stripe_units)}</td><td class="num sub{" bad" if diff else ""}" '
+            f'<span data-figure>{_amount(r.stripe_units)}</span>'
+            f'<span class="cell-note" data-col="compared_at">{on}</span></td>'
+            f'<td class="num sub{" bad" if diff else ""}" '
             f'data-col="stripe_difference" title="{escape(title)}">'
             f'{"+" if diff > 0 else ""}{_amount(diff) if diff else "="}</td>')
 
