@@ -1,6 +1,6 @@
 """Pins the behaviour of ``tests.support.fake_stripe`` by driving it with the real stripe SDK.
 
-Every outcome the drainer has to classify (see /work/shared/STRIPE.md) is produced here through
+Every outcome the drainer has to classify (see docs/stripe.md) is produced here through
 ``stripe.StripeClient`` with ``max_network_retries=0``, and the exception class, status, headers
 and the fake's own record of what was applied are asserted.
 """

@@ -1,6 +1,6 @@
 """The fake Stripe after its 200, through the real SDK: meters and their pages, customers
 reported later, error reports and the v2 event API, summaries, adjustments and the dedupe
-window — each as STRIPE.md describes Stripe, since the product's tests rest on them."""
+window — each as Stripe documents it (docs/stripe.md), since the product's tests rest on them."""
 
 from __future__ import annotations
 

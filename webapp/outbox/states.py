@@ -57,7 +57,7 @@ ALL_STATUSES = tuple(s.value for s in Status)
 
 
 class Outcome(StrEnum):
-    """What one call to Stripe tells us about the event (see STRIPE.md's table)."""
+    """What one call to Stripe tells us about the event (see docs/stripe.md)."""
 
     DELIVERED = "delivered"        # 200, or 400 "An event already exists with identifier"
     NOT_EXECUTED = "not_executed"  # 429, 409, 503, connection refused: Stripe did nothing

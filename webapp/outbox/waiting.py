@@ -4,9 +4,8 @@ Stripe customer, and those of a meter Stripe does not have (active), or has pre-
 
 Such an event is due, but no claim takes it: it sits in ``ix_outbox_claimable`` in order of
 ``next_attempt_at``, oldest first. Every claim, and the status line's sample of due events,
-walked past all of them before reaching an event it could take: 5,000 such events at 10
-million rows cost each claim about 80 ms (against 20 ms), and 1,000 of them filled the status
-line's whole sample.
+walked past all of them before reaching an event it could take: thousands of them made every
+claim several times slower, and enough of them filled the status line's whole sample.
 
 So such an event, never claimed, due and at least :data:`DEFER_AFTER` old, is put off by
 :data:`DEFER_FOR` (its ``next_attempt_at`` moves, nothing else; put off again as soon as it

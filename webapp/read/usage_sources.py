@@ -300,10 +300,9 @@ def many_rows(conn: Connection) -> None:
     """Settings for the rest of ``conn``'s transaction (PostgreSQL) that a read summing every
     tenant's usage needs: its sorts and hashes of 200,000 tenant × meter rows fit in 64 MB,
     not the default 4 MB (which spilled them to disk); no JIT, whose compiling of a
-    statement this size took 60–140 ms, more than it saved; and no parallel workers: on two
-    cores their partial sums and the merge of them took 10% longer than one process (a year
-    of 100,000 tenants: 1.8 s against 1.7, medians of 4), and they took the core the other
-    requests had."""
+    statement this size costs more than it saves; and no parallel workers: on a small machine
+    their partial sums and the merge of them cost more than one process, and they take the
+    cores the other requests need (measured in bench/RESULTS.md's history)."""
     if conn.dialect.name == "postgresql":
         conn.exec_driver_sql("SET LOCAL jit = off")
         conn.exec_driver_sql("SET LOCAL work_mem = '64MB'")

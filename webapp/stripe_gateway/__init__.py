@@ -1,5 +1,5 @@
 """The only package that imports ``stripe``: our verbs in, plain data and classified outcomes
-out (see STRIPE.md's table and ``webapp.outbox.states.Outcome``).
+out (see docs/stripe.md and ``webapp.outbox.states.Outcome``).
 
 The SDK is loaded when its first SDK-bound name is used (``StripeGateway``, built only with
 an API key; the error classifiers): the plain data, the protocols and the stream's halving

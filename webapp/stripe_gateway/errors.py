@@ -1,4 +1,4 @@
-"""Stripe's errors, classified into the outbox's outcomes (STRIPE.md's table)."""
+"""Stripe's errors, classified into the outbox's outcomes (the table in docs/stripe.md)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,8 @@ the v2 events that report errors found after a 200 (listed, read in full, or pus
 an event destination).
 
 The real ``stripe`` SDK is pointed at it (``base_addresses={"api": fake.base_url, ...}``) and
-sees what it would see from Stripe (``/work/shared/STRIPE.md`` is the spec this follows):
+sees what it would see from Stripe (Stripe's documented behaviour, summarized in
+``docs/stripe.md``, is the spec this follows):
 
 * Bearer-key auth (401 for a missing key or one without a known prefix).
 * Validation 400s (``invalid_request_error``, ``Stripe-Should-Retry: false``, never saved under

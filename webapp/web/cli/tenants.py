@@ -194,8 +194,8 @@ def usage(start: str | None, end: str | None, tenant: str | None, as_json: bool)
     if last < first:
         raise click.BadParameter(f"--to {last} is before --from {first}")
     statuses = (*USAGE_STATUSES, "processing")
-    # Streamed from one snapshot, a thousand rows at a time: at 100,000 tenants the whole
-    # document (75 MB) built in memory first took 800 MB.
+    # Streamed from one snapshot, a thousand rows at a time: at 100,000 tenants, building the
+    # whole document in memory first took ten times its size.
     found = usage_rows_streamed(services().engine, start=first, end=last, tenant_id=tenant,
                                 in_flight_apart=True)
     # The query runs before anything is written: a database that fails it leaves no half
