@@ -207,7 +207,7 @@ def pages(res: ScaleResults, app: Any, engine: Any, settings: Any, runs: int,
           log: Any) -> None:
     from webapp.models import utcnow
     from webapp.outbox.waiting import defer_unsendable
-    from webapp.read.usage_reports import keep_quick_periods
+    from webapp.worker.report_writer import keep_quick_periods
 
     dashboard.make_users(engine)
     client = dashboard.signed_in_client(app)

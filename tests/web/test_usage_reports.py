@@ -20,6 +20,7 @@ from webapp.outbox.operations import set_tenant
 from webapp.read import tenants as reads
 from webapp.read import usage_reports as reports
 from webapp.read.usage_table import PER_PAGE, UsageQuery, report_table, usage_table
+from webapp.worker import report_writer as writer
 from webapp.worker.reporter import UsageReporter
 
 from .conftest import csrf_of
@@ -117,7 +118,7 @@ QUERIES = [dict(sort="tenant"), dict(sort="tenant", descending=True),
 @pytest.mark.parametrize("variant", QUERIES, ids=lambda v: urlencode(v))
 def test_a_report_reads_back_as_the_live_table(engine, data, now, variant) -> None:
     start, end = long_period(now)
-    report = reports.prepare(engine, start, end, now=now, actor="cli")
+    report = writer.prepare(engine, start, end, now=now, actor="cli")
     assert report.rows == len(data)
     query = UsageQuery(start, end, **variant)
     with reading(engine) as conn:
@@ -202,11 +203,11 @@ def test_a_report_request_that_makes_no_sense_is_refused(client_as, engine, now,
 
 def test_reports_past_keeping_are_dropped(engine, data, now) -> None:
     start, end = long_period(now)
-    old = reports.prepare(engine, start - timedelta(days=1), end, now=now - reports.KEEP
+    old = writer.prepare(engine, start - timedelta(days=1), end, now=now - reports.KEEP
                           - timedelta(minutes=1), actor="cli")
-    kept = reports.prepare(engine, start - timedelta(days=2), end, now=now - timedelta(days=1),
+    kept = writer.prepare(engine, start - timedelta(days=2), end, now=now - timedelta(days=1),
                            actor="cli")
-    new = reports.prepare(engine, start, end, now=now, actor="cli")
+    new = writer.prepare(engine, start, end, now=now, actor="cli")
     with engine.connect() as conn:
         assert set(conn.execute(select(UsageReport.id)).scalars()) == {kept.id, new.id}
         assert conn.execute(select(func.count()).select_from(UsageReportRow).where(
@@ -226,7 +227,7 @@ def test_a_report_is_summed_in_one_snapshot(engine, now, monkeypatch) -> None:
     """The rollup's mark and the rows past it are read at one moment (on PostgreSQL,
     ``REPEATABLE READ``; SQLite's transactions are snapshots already)."""
     seen: list[str] = []
-    real = reports._store_rows
+    real = writer._store_rows
 
     def spy(conn: Any, *args: Any) -> int:
         if conn.dialect.name == "postgresql":
@@ -235,9 +236,9 @@ def test_a_report_is_summed_in_one_snapshot(engine, now, monkeypatch) -> None:
             seen.append("sqlite")
         return real(conn, *args)
 
-    monkeypatch.setattr(reports, "_store_rows", spy)
+    monkeypatch.setattr(writer, "_store_rows", spy)
     start, end = long_period(now)
-    reports.prepare(engine, start, end, now=now, actor="cli")
+    writer.prepare(engine, start, end, now=now, actor="cli")
     assert seen in (["repeatable read"], ["sqlite"])
 
 
@@ -302,21 +303,21 @@ def test_one_report_is_prepared_at_a_time_on_postgresql(pg, now, monkeypatch) ->
     with pg.connect() as other:
         assert other.execute(text(
             "SELECT pg_try_advisory_xact_lock(8463, hashtext(current_schema()))")).scalar_one()
-        with pytest.raises(reports.ReportBusy):
-            reports.prepare(pg, start, end, now=now, actor="cli")
+        with pytest.raises(writer.ReportBusy):
+            writer.prepare(pg, start, end, now=now, actor="cli")
         monkeypatch.setattr(reports, "STANDING_FROM_ROWS", 0)
         assert UsageReporter(pg, clock=lambda: now).run_once() == 0
         other.rollback()
     with pg.connect() as conn:
         assert conn.execute(select(func.count()).select_from(UsageReport)).scalar_one() == 0
-    assert reports.prepare(pg, start, end, now=now, actor="cli").rows == 0
+    assert writer.prepare(pg, start, end, now=now, actor="cli").rows == 0
 
 
 def test_a_busy_preparation_is_said_in_plain_words(client_as, engine, now, monkeypatch) -> None:
     def busy(*args: Any, **kwargs: Any) -> Any:
-        raise reports.ReportBusy("another report is being prepared")
+        raise writer.ReportBusy("another report is being prepared")
 
-    monkeypatch.setattr(reports, "prepare", busy)
+    monkeypatch.setattr("webapp.web.tenants.prepare_usage_report", busy)
     client = client_as("viewer")
     resp = prepare(client, now, sort="dead_events")
     assert resp.status_code == 303 and "sort=dead_events" in resp.headers["Location"]

@@ -42,28 +42,35 @@ def pause_state(conn: Connection) -> PauseState:
 
 def set_paused(engine: Engine, *, paused: bool, reason: str | None, kind: str, by: str,
                now: datetime, only_kind: str | None = None) -> bool:
-    """Pause or resume sending. ``only_kind``: change it only if the current pause is of that
-    kind (a probe resumes a systemic pause, never a person's). A systemic cause never replaces
-    a person's pause. Returns whether it changed."""
+    """:func:`set_paused_in` in a transaction of its own."""
+    with engine.begin() as conn:
+        return set_paused_in(conn, paused=paused, reason=reason, kind=kind, by=by, now=now,
+                             only_kind=only_kind)
+
+
+def set_paused_in(conn: Connection, *, paused: bool, reason: str | None, kind: str, by: str,
+                  now: datetime, only_kind: str | None = None) -> bool:
+    """Pause or resume sending, in the caller's transaction. ``only_kind``: change it only if
+    the current pause is of that kind (a probe resumes a systemic pause, never a person's). A
+    systemic cause never replaces a person's pause. Returns whether it changed."""
     # A systemic reason quotes Stripe's answer: cut to its column, it can always be stored
     # (and compares equal to what is stored).
     reason = fit(CONTROL.c.reason, reason)
-    with engine.begin() as conn:
-        # Several lanes (threads, processes) can meet the same 401 at once: make sure the row
-        # exists, then lock it, so concurrent callers queue here instead of racing to INSERT
-        # (a unique violation on PostgreSQL that failed the drain pass).
-        conn.execute(insert_for(conn, CONTROL).values(name=SENDING, paused=False)
-                     .on_conflict_do_nothing(index_elements=[CONTROL.c.name]))
-        conn.execute(select(CONTROL.c.name).where(CONTROL.c.name == SENDING).with_for_update())
-        current = pause_state(conn)
-        if only_kind is not None and (not current.paused or current.kind != only_kind):
-            return False
-        if current.paused == paused and current.reason == reason:
-            return False
-        if paused and current.paused and current.kind == OPERATOR and kind != OPERATOR:
-            return False
-        values = dict(paused=paused, reason=reason if paused else None,
-                      kind=kind if paused else None, changed_at=now,
-                      changed_by=fit(CONTROL.c.changed_by, by))
-        conn.execute(sa_update(CONTROL).where(CONTROL.c.name == SENDING).values(**values))
-        return True
+    # Several lanes (threads, processes) can meet the same 401 at once: make sure the row
+    # exists, then lock it, so concurrent callers queue here instead of racing to INSERT
+    # (a unique violation on PostgreSQL that failed the drain pass).
+    conn.execute(insert_for(conn, CONTROL).values(name=SENDING, paused=False)
+                 .on_conflict_do_nothing(index_elements=[CONTROL.c.name]))
+    conn.execute(select(CONTROL.c.name).where(CONTROL.c.name == SENDING).with_for_update())
+    current = pause_state(conn)
+    if only_kind is not None and (not current.paused or current.kind != only_kind):
+        return False
+    if current.paused == paused and current.reason == reason:
+        return False
+    if paused and current.paused and current.kind == OPERATOR and kind != OPERATOR:
+        return False
+    values = dict(paused=paused, reason=reason if paused else None,
+                  kind=kind if paused else None, changed_at=now,
+                  changed_by=fit(CONTROL.c.changed_by, by))
+    conn.execute(sa_update(CONTROL).where(CONTROL.c.name == SENDING).values(**values))
+    return True

@@ -20,7 +20,7 @@ from ..audit import AUDIT, write_audit
 from ..db import reading as reading_conn
 from ..models import fit
 from .adjustments import CancelAnswer, KeptAdjustment, kept
-from .control import OPERATOR, set_paused
+from .control import OPERATOR, set_paused_in
 from .customers import CustomerVerdicts
 from .guards import (
     CANCEL_REFUSALS,
@@ -379,9 +379,9 @@ def _with_answers(note: str, adjustments: Mapping[int, KeptAdjustment]) -> str:
 
 def pause(engine: Engine, *, actor: str, reason: str | None, now: datetime) -> bool:
     """Stop sending for every worker until :func:`resume` (audited); whether it changed."""
-    changed = set_paused(engine, paused=True, reason=reason or f"paused by {actor}",
-                         kind=OPERATOR, by=actor, now=now)
-    with engine.begin() as conn:
+    with engine.begin() as conn:  # the switch and its audit entry: both or neither
+        changed = set_paused_in(conn, paused=True, reason=reason or f"paused by {actor}",
+                                kind=OPERATOR, by=actor, now=now)
         write_audit(conn, actor=actor, action="pause", note=reason, now=now)
     return changed
 
@@ -389,7 +389,8 @@ def pause(engine: Engine, *, actor: str, reason: str | None, now: datetime) -> b
 def resume(engine: Engine, *, actor: str, now: datetime) -> bool:
     """Restart sending, after a person's pause or a systemic one once its cause is fixed
     (audited); whether it changed."""
-    changed = set_paused(engine, paused=False, reason=None, kind=OPERATOR, by=actor, now=now)
     with engine.begin() as conn:
+        changed = set_paused_in(conn, paused=False, reason=None, kind=OPERATOR, by=actor,
+                                now=now)
         write_audit(conn, actor=actor, action="resume", now=now)
     return changed

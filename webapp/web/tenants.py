@@ -19,7 +19,8 @@ from ..read import tenants as reads
 from ..read import usage_reports as reports
 from ..read import usage_table as table_reads
 from ..read.paging import MAX_PAGE
-from ..worker import check_customers
+from ..worker import ReportBusy, check_customers
+from ..worker import prepare_report as prepare_usage_report
 from . import charts
 from .common import csv_response, now, render, svc
 from .errors import back_to
@@ -173,8 +174,8 @@ def prepare_report() -> ResponseReturnValue:
     back_to(back)
     _checked(start, end)
     try:
-        done = reports.prepare(svc().engine, start, end, now=now(), actor=user.email)
-    except reports.ReportBusy:
+        done = prepare_usage_report(svc().engine, start, end, now=now(), actor=user.email)
+    except ReportBusy:
         flash("Another report is being prepared right now (with many tenants each takes a "
               "few seconds); nothing was started. Try again in a moment.", "error")
         return redirect(back, code=303)

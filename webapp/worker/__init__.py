@@ -30,14 +30,15 @@ from .pipeline import run as run_drainer
 from .process import freeze_startup_objects, gateway_from
 from .reconciler import LEASE_SECONDS as RECONCILE_LEASE_SECONDS
 from .reconciler import Reconciler, reconcile
+from .report_writer import ReportBusy
+from .report_writer import prepare as prepare_report
 from .rescuer import Rescuer
 from .stripe_events import EventPoller, PollSummary, event_poller
 from .stripe_events import store as store_report
 
-__all__ = ["RECONCILE_LEASE_SECONDS", "CancelOutcome", "DrainSummary", "Drainer", "run_drainer",
-           "EventPoller", "Maintenance",
-           "MeterRefresher", "PollSummary", "Reconciler", "Rescuer", "RollupFolder",
-           "Scheduled", "cancel_events", "check_customers", "customer_directory",
-           "event_poller",
-           "freeze_startup_objects", "gateway_from", "reconcile",
-           "services_for", "store_report", "stripe_customers"]
+__all__ = ["CancelOutcome", "DrainSummary", "Drainer", "EventPoller", "Maintenance",
+           "MeterRefresher", "PollSummary", "RECONCILE_LEASE_SECONDS", "Reconciler",
+           "ReportBusy", "Rescuer", "RollupFolder", "Scheduled", "cancel_events",
+           "check_customers", "customer_directory", "event_poller", "freeze_startup_objects",
+           "gateway_from", "prepare_report", "reconcile", "run_drainer", "services_for",
+           "store_report", "stripe_customers"]

@@ -13,7 +13,8 @@ from datetime import datetime
 from sqlalchemy import Engine
 
 from ..models import utcnow
-from ..read.usage_reports import REFRESH, keep_quick_periods
+from ..read.usage_reports import REFRESH
+from .report_writer import keep_quick_periods
 
 log = logging.getLogger(__name__)
 
