@@ -216,17 +216,7 @@ def test_tenants_sharing_a_customer_count_its_stripe_figure_once(
         engine: Engine, fake: FakeStripe, settings: Any, client_as: Any) -> None:
     """Stripe knows customers, not tenants: two tenants billed to one customer each show the
     customer's figure, and the file's total counts it once, as the page's does."""
-    for tenant in ("acme", "acme-eu"):
-        operations.set_tenant(engine, tenant, stripe_customer_id="cus_initech", name=None,
-                              now=utcnow())
-    send(engine, settings, "acme", [(2, 3)], "a")
-    send(engine, settings, "acme-eu", [(2, 4)], "b")
-    gateway = gateway_from(settings)
-    assert gateway is not None
-    try:
-        reconcile(engine, gateway, settings, trigger="cli", now=utcnow() + timedelta(hours=2))
-    finally:
-        gateway.close()
+    shared_customer(engine, settings)
     day = midday(2).date().isoformat()
     _, _, rows, totals = read_usage_csv(client_as("viewer").get(
         f"/tenants.csv?from={day}&to={day}").get_data(as_text=True))
@@ -243,18 +233,7 @@ def test_one_tenants_reconciliation_compares_its_customer_whole(
     """A run for one tenant compares each customer its events went to with every tenant's
     events of that customer (Stripe's figure is the customer's): no false mismatch, and the
     day kept is the customer's whole."""
-    for tenant in ("acme", "acme-eu"):
-        operations.set_tenant(engine, tenant, stripe_customer_id="cus_initech", name=None,
-                              now=utcnow())
-    send(engine, settings, "acme", [(2, 3)], "a")
-    send(engine, settings, "acme-eu", [(2, 4)], "b")
-    gateway = gateway_from(settings)
-    assert gateway is not None
-    try:
-        run = reconcile(engine, gateway, settings, trigger="cli", tenant_id="acme",
-                        now=utcnow() + timedelta(hours=2))
-    finally:
-        gateway.close()
+    run = shared_customer(engine, settings, tenant_id="acme")
     assert run.comparison.checked >= 1 and run.comparison.mismatches == []
     with reading(engine) as conn:
         assert meter_totals(conn, midday(2).date(), midday(2).date())[METER][:2] == (7.0, 7)
@@ -338,3 +317,20 @@ def test_a_narrow_check_never_stands_for_the_whole_reconciliation(
     tile = html.split('data-k="reconciled">')[1].split("</div>")[0]
     assert tile.startswith("1 mismatch<")
     assert f"{whole['since']:%Y-%m-%d} – " in tile
+
+
+def shared_customer(engine: Engine, settings: Any, tenant_id: str | None = None) -> Any:
+    """acme and acme-eu both billed to cus_initech, 3 and 4 units two days ago, Stripe
+    holding all 7; then a settled reconciliation (of ``tenant_id`` alone, if given)."""
+    for tenant in ("acme", "acme-eu"):
+        operations.set_tenant(engine, tenant, stripe_customer_id="cus_initech", name=None,
+                              now=utcnow())
+    send(engine, settings, "acme", [(2, 3)], "a")
+    send(engine, settings, "acme-eu", [(2, 4)], "b")
+    gateway = gateway_from(settings)
+    assert gateway is not None
+    try:
+        return reconcile(engine, gateway, settings, trigger="cli", tenant_id=tenant_id,
+                         now=utcnow() + timedelta(hours=2))
+    finally:
+        gateway.close()
