@@ -84,7 +84,7 @@ def profile_drain(db: BenchDatabase, events: int) -> None:
                 rec[1] += time.perf_counter() - conn.info["t0"]
 
             gateway = NoopGateway()
-            drainer = Drainer(engine, drain_settings(url), gateway)
+            drainer = Drainer(engine, drain_settings(url), gateway, check_meters=False)
             t0 = time.perf_counter()
             while drainer.drain_once().claimed:
                 pass
@@ -124,7 +124,8 @@ def profile_drain(db: BenchDatabase, events: int) -> None:
             captured.clear()
             listener = _capture_into(captured)
             event.listen(engine, "before_cursor_execute", listener)
-            drainer = Drainer(engine, drain_settings(url), NoopGateway())
+            drainer = Drainer(engine, drain_settings(url), NoopGateway(),
+                              check_meters=False)
             for _ in range(3):
                 captured.pop("claim", None)
                 captured.pop("complete", None)
@@ -179,7 +180,8 @@ def profile_drain(db: BenchDatabase, events: int) -> None:
         # 3. pyinstrument.
         with db.outbox_schema("prof", template) as url:
             engine = make_engine(url)
-            drainer = Drainer(engine, drain_settings(url), NoopGateway())
+            drainer = Drainer(engine, drain_settings(url), NoopGateway(),
+                              check_meters=False)
             profiler = Profiler(interval=0.0005)
             profiler.start()
             while drainer.drain_once().claimed:

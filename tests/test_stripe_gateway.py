@@ -13,7 +13,7 @@ from webapp.config import Settings
 from webapp.models import DeliveryAttempt, OutboxEvent, utcnow
 from webapp.outbox import enqueue_usage
 from webapp.outbox.operations import set_tenant
-from webapp.worker import Drainer
+from webapp.worker import Drainer, gateway_from
 
 
 def test_delivery_records_request_id_and_clears_the_last_error(
@@ -22,7 +22,7 @@ def test_delivery_records_request_id_and_clears_the_last_error(
     with Session(engine) as db, db.begin():
         event_id = enqueue_usage(db, tenant_id="acme", quantity=2, idempotency_key="gw-1").id
     fake_stripe.fail_next("503")
-    drainer = Drainer(engine, settings)
+    drainer = Drainer(engine, settings, gateway_from(settings))
     try:
         drainer.drain_once()
         with Session(engine) as db:
@@ -52,10 +52,10 @@ def test_the_sdk_client_telemetry_header_is_not_sent(fake_stripe: Any) -> None:
     call's latency to Stripe (it was several percent of the worker's CPU per call)."""
     from datetime import timedelta
 
-    from webapp.stripe_gateway import MeterEvent, StripeGateway
+    from webapp.stripe_gateway import MeterEvent, SdkGateway
 
     fake_stripe.add_meter("api_requests")
-    gateway = StripeGateway("sk_test_telemetry", api_base=fake_stripe.base_url,
+    gateway = SdkGateway("sk_test_telemetry", api_base=fake_stripe.base_url,
                             timeout_seconds=5)
     at = utcnow() - timedelta(minutes=1)
     for i in range(3):
@@ -69,11 +69,11 @@ def test_the_sdk_client_telemetry_header_is_not_sent(fake_stripe: Any) -> None:
 def test_a_meters_time_window_is_read_from_the_listing(fake_stripe: Any) -> None:
     """``event_time_window``: Stripe's text for a pre-aggregated meter, None for an ordinary
     one; such a meter is not one events may be sent to."""
-    from webapp.stripe_gateway import StripeGateway
+    from webapp.stripe_gateway import SdkGateway
 
     fake_stripe.add_meter("seats", event_time_window="day")
     fake_stripe.add_meter("calls", event_time_window="hour", status="inactive")
-    gateway = StripeGateway("sk_test_meters", api_base=fake_stripe.base_url, timeout_seconds=5)
+    gateway = SdkGateway("sk_test_meters", api_base=fake_stripe.base_url, timeout_seconds=5)
     try:
         listed = {m.event_name: m for m in gateway.list_meters()}
     finally:
@@ -132,10 +132,10 @@ def test_a_cancel_returns_the_adjustments_status_and_id_as_stripe_answered(
     refusal is classified like any call, with no status."""
     from datetime import timedelta
 
-    from webapp.stripe_gateway import MeterEvent, StripeGateway
+    from webapp.stripe_gateway import MeterEvent, SdkGateway
 
     fake_stripe.add_meter("api_requests")
-    gateway = StripeGateway("sk_test_cancel", api_base=fake_stripe.base_url, timeout_seconds=5)
+    gateway = SdkGateway("sk_test_cancel", api_base=fake_stripe.base_url, timeout_seconds=5)
     at = utcnow() - timedelta(minutes=1)
     for i in range(2):
         assert gateway.send(MeterEvent("api_requests", "cus_c", 1, f"c-{i}", at),

@@ -16,8 +16,8 @@ from support.fake_stripe import FakeStripe
 from webapp.outbox.states import Outcome
 from webapp.stripe_gateway import (
     MeterEvent,
+    SdkGateway,
     StreamResult,
-    StripeGateway,
     classify_stream_error,
     split_refused,
 )
@@ -49,8 +49,8 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-def gateway(fake: FakeStripe, clock: Clock) -> Iterator[StripeGateway]:
-    gw = StripeGateway(KEY, api_base=fake.base_url, meter_events_base=fake.meter_events_url,
+def gateway(fake: FakeStripe, clock: Clock) -> Iterator[SdkGateway]:
+    gw = SdkGateway(KEY, api_base=fake.base_url, meter_events_base=fake.meter_events_url,
                        timeout_seconds=5, clock=clock)
     yield gw
     gw.close()
@@ -77,7 +77,7 @@ def test_params_carry_v1s_identifier_payload_and_second_as_rfc3339() -> None:
 
 
 def test_a_200_delivers_every_event_with_the_request_id(
-        fake: FakeStripe, gateway: StripeGateway) -> None:
+        fake: FakeStripe, gateway: SdkGateway) -> None:
     result = gateway.send_batch(events(100))
     assert outcomes(result) == [Outcome.DELIVERED] * 100
     assert (result.requests, result.resent_after_expiry, result.unconfirmed) == (1, 0, False)
@@ -88,7 +88,7 @@ def test_a_200_delivers_every_event_with_the_request_id(
 
 
 def test_more_than_100_events_or_none_are_refused_before_any_call(
-        fake: FakeStripe, gateway: StripeGateway) -> None:
+        fake: FakeStripe, gateway: SdkGateway) -> None:
     with pytest.raises(ValueError, match="1 to 100"):
         gateway.send_batch(events(101))
     with pytest.raises(ValueError):
@@ -97,7 +97,7 @@ def test_more_than_100_events_or_none_are_refused_before_any_call(
 
 
 @pytest.mark.parametrize("kind", ["500", "502", "504"])
-def test_a_5xx_leaves_every_event_unknown(fake: FakeStripe, gateway: StripeGateway,
+def test_a_5xx_leaves_every_event_unknown(fake: FakeStripe, gateway: SdkGateway,
                                           kind: str) -> None:
     fake.fail_next(kind, apply=True)
     result = gateway.send_batch(events(5))
@@ -110,7 +110,7 @@ def test_a_5xx_leaves_every_event_unknown(fake: FakeStripe, gateway: StripeGatew
 
 
 def test_a_timeout_leaves_every_event_unknown(fake: FakeStripe, clock: Clock) -> None:
-    gw = StripeGateway(KEY, api_base=fake.base_url, meter_events_base=fake.meter_events_url,
+    gw = SdkGateway(KEY, api_base=fake.base_url, meter_events_base=fake.meter_events_url,
                        timeout_seconds=0.3, clock=clock)
     try:
         fake.fail_next("slow", seconds=1.0)
@@ -122,7 +122,7 @@ def test_a_timeout_leaves_every_event_unknown(fake: FakeStripe, clock: Clock) ->
 
 
 @pytest.mark.parametrize("kind", ["429", "409", "503"])
-def test_429_409_503_leave_every_event_not_executed(fake: FakeStripe, gateway: StripeGateway,
+def test_429_409_503_leave_every_event_not_executed(fake: FakeStripe, gateway: SdkGateway,
                                                     kind: str) -> None:
     fake.fail_next(kind, **({"retry_after": 2} if kind == "429" else {}))
     result = gateway.send_batch(events(4))
@@ -133,7 +133,7 @@ def test_429_409_503_leave_every_event_not_executed(fake: FakeStripe, gateway: S
 
 
 @pytest.mark.parametrize("status", [401, 403])
-def test_401_403_are_systemic(fake: FakeStripe, gateway: StripeGateway, status: int) -> None:
+def test_401_403_are_systemic(fake: FakeStripe, gateway: SdkGateway, status: int) -> None:
     fake.set_auth_failure(status)
     result = gateway.send_batch(events(3))
     assert outcomes(result) == [Outcome.SYSTEMIC] * 3
@@ -141,7 +141,7 @@ def test_401_403_are_systemic(fake: FakeStripe, gateway: StripeGateway, status: 
 
 def test_a_refused_session_key_is_systemic_and_sends_nothing(fake: FakeStripe,
                                                              clock: Clock) -> None:
-    gw = StripeGateway("pk_test_not_a_secret", api_base=fake.base_url,
+    gw = SdkGateway("pk_test_not_a_secret", api_base=fake.base_url,
                        meter_events_base=fake.meter_events_url, timeout_seconds=5,
                        clock=clock)
     try:
@@ -153,7 +153,7 @@ def test_a_refused_session_key_is_systemic_and_sends_nothing(fake: FakeStripe,
 
 
 def test_a_400_naming_an_event_makes_only_that_one_permanent(
-        fake: FakeStripe, gateway: StripeGateway) -> None:
+        fake: FakeStripe, gateway: SdkGateway) -> None:
     batch = events(6)
     fake.fail_for("ev-3", "400")
     result = gateway.send_batch(batch)
@@ -171,7 +171,7 @@ def test_a_400_naming_an_event_makes_only_that_one_permanent(
 
 
 def test_a_400_naming_no_event_is_unconfirmed_and_halving_finds_the_bad_one(
-        fake: FakeStripe, gateway: StripeGateway) -> None:
+        fake: FakeStripe, gateway: SdkGateway) -> None:
     batch = events(10)
     fake.stream_message_names_event = False
     fake.fail_for("ev-6", "400")
@@ -189,7 +189,7 @@ def test_a_400_naming_no_event_is_unconfirmed_and_halving_finds_the_bad_one(
 
 
 def test_halving_stops_at_its_bound_and_stays_unconfirmed(
-        fake: FakeStripe, gateway: StripeGateway) -> None:
+        fake: FakeStripe, gateway: SdkGateway) -> None:
     batch = events(8)
     fake.stream_message_names_event = False
     fake.fail_for("ev-0", "400")
@@ -200,7 +200,7 @@ def test_halving_stops_at_its_bound_and_stays_unconfirmed(
     assert outcomes(found)[4:] == [Outcome.DELIVERED] * 4
 
 
-def test_halving_stops_on_a_systemic_answer(fake: FakeStripe, gateway: StripeGateway) -> None:
+def test_halving_stops_on_a_systemic_answer(fake: FakeStripe, gateway: SdkGateway) -> None:
     batch = events(4)
     fake.stream_message_names_event = False
     fake.fail_for("ev-3", "400")
@@ -215,7 +215,7 @@ def test_halving_stops_on_a_systemic_answer(fake: FakeStripe, gateway: StripeGat
 
 
 def test_an_expired_session_is_renewed_and_the_same_request_resent(
-        fake: FakeStripe, gateway: StripeGateway) -> None:
+        fake: FakeStripe, gateway: SdkGateway) -> None:
     assert outcomes(gateway.send_batch(events(2, "a"))) == [Outcome.DELIVERED] * 2
     fake.expire_stream_tokens()
     batch = events(3, "b")
@@ -230,7 +230,7 @@ def test_an_expired_session_is_renewed_and_the_same_request_resent(
     assert fake.accept_count() == 5
 
 
-def test_a_session_is_renewed_ahead_of_its_expiry(fake: FakeStripe, gateway: StripeGateway,
+def test_a_session_is_renewed_ahead_of_its_expiry(fake: FakeStripe, gateway: SdkGateway,
                                                   clock: Clock) -> None:
     gateway.send_batch(events(1, "a"))
     clock.now += timedelta(minutes=13, seconds=50)  # 70 s before the 15 minutes end
@@ -243,7 +243,7 @@ def test_a_session_is_renewed_ahead_of_its_expiry(fake: FakeStripe, gateway: Str
     assert tokens[0] == tokens[1] != tokens[2]
 
 
-def test_threads_share_one_session(fake: FakeStripe, gateway: StripeGateway) -> None:
+def test_threads_share_one_session(fake: FakeStripe, gateway: SdkGateway) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(8) as pool:
@@ -253,7 +253,7 @@ def test_threads_share_one_session(fake: FakeStripe, gateway: StripeGateway) -> 
 
 
 def test_an_event_sent_by_v1_then_by_a_stream_counts_once(
-        fake: FakeStripe, gateway: StripeGateway) -> None:
+        fake: FakeStripe, gateway: SdkGateway) -> None:
     batch = events(3, "mixed")
     assert gateway.send(batch[0], batch[0].identifier).outcome is Outcome.DELIVERED
     assert outcomes(gateway.send_batch(batch)) == [Outcome.DELIVERED] * 3
@@ -265,7 +265,7 @@ def test_an_event_sent_by_v1_then_by_a_stream_counts_once(
 
 
 def test_a_check_failed_after_the_200_is_reported_where_the_poller_reads_it(
-        fake: FakeStripe, gateway: StripeGateway) -> None:
+        fake: FakeStripe, gateway: SdkGateway) -> None:
     fake.add_customer("cus_known")
     good = events(1, "ok", customer="cus_known")
     old = events(1, "old", customer="cus_known",
@@ -295,7 +295,7 @@ def test_a_check_failed_after_the_200_is_reported_where_the_poller_reads_it(
 
 
 def test_every_stream_request_carries_a_key_of_its_own_even_when_resent(
-        fake: FakeStripe, gateway: StripeGateway) -> None:
+        fake: FakeStripe, gateway: SdkGateway) -> None:
     """Each request a key of its own: given, or made; a resend after an expired session is
     a new request with a new key, and the result names the key that carried the events."""
     first = gateway.send_batch(events(2, "k"))
@@ -311,7 +311,7 @@ def test_every_stream_request_carries_a_key_of_its_own_even_when_resent(
 
 
 def test_a_session_that_expires_again_at_once_leaves_the_events_not_executed(
-        fake: FakeStripe, gateway: StripeGateway) -> None:
+        fake: FakeStripe, gateway: SdkGateway) -> None:
     fake.stream_token_seconds = 0  # every token is expired when issued
     result = gateway.send_batch(events(2))
     assert outcomes(result) == [Outcome.NOT_EXECUTED] * 2
@@ -320,14 +320,14 @@ def test_a_session_that_expires_again_at_once_leaves_the_events_not_executed(
 
 
 def test_a_clock_far_from_stripes_does_not_renew_every_request(
-        fake: FakeStripe, gateway: StripeGateway, clock: Clock) -> None:
+        fake: FakeStripe, gateway: SdkGateway, clock: Clock) -> None:
     clock.now += timedelta(minutes=20)  # this process's clock runs 20 minutes ahead
     for prefix in "abc":
         assert outcomes(gateway.send_batch(events(1, prefix))) == [Outcome.DELIVERED]
     assert fake.stream_sessions() == 1
 
 
-def test_no_session_means_nothing_left(fake: FakeStripe, gateway: StripeGateway) -> None:
+def test_no_session_means_nothing_left(fake: FakeStripe, gateway: SdkGateway) -> None:
     """A session call that fails sends no event: never an unknown outcome."""
     fake.set_outage(True)
     try:
@@ -340,7 +340,7 @@ def test_no_session_means_nothing_left(fake: FakeStripe, gateway: StripeGateway)
 
 
 def test_a_refused_connection_to_the_stream_is_not_executed(
-        fake: FakeStripe, gateway: StripeGateway) -> None:
+        fake: FakeStripe, gateway: SdkGateway) -> None:
     gateway.send_batch(events(1, "warm"))
     fake.set_outage(True)
     try:
@@ -398,7 +398,7 @@ def test_a_renewal_asked_with_an_already_replaced_token_reuses_the_new_one() -> 
 # -- Stripe's two hosts ------------------------------------------------------------------------
 
 def test_streams_reach_only_the_meter_events_host_and_the_rest_only_the_api(
-        fake: FakeStripe, gateway: StripeGateway) -> None:
+        fake: FakeStripe, gateway: SdkGateway) -> None:
     """The fake serves streams on a port of their own and answers 404 to them on the API's,
     as Stripe does: the session and every other call go to the API, streams to theirs."""
     result = gateway.send_batch(events(3))
@@ -417,7 +417,7 @@ def test_streams_sent_to_the_api_host_are_refused_and_nothing_is_taken(
         fake: FakeStripe, clock: Clock) -> None:
     """The mix-up this guards against: with both bases on the API's host, every stream
     request is a 404, which stops sending (systemic), and Stripe takes nothing."""
-    gw = StripeGateway(KEY, api_base=fake.base_url, meter_events_base=fake.base_url,
+    gw = SdkGateway(KEY, api_base=fake.base_url, meter_events_base=fake.base_url,
                        timeout_seconds=5, clock=clock)
     try:
         result = gw.send_batch(events(2))

@@ -45,11 +45,13 @@ class Services:
         if self._drainer is None:
             from .worker import Drainer
 
-            self._drainer = Drainer(self.engine, self.settings, clock=self.clock)
+            self._drainer = Drainer(self.engine, self.settings, self.gateway(),
+                                    clock=self.clock)
         return self._drainer
 
     def gateway(self) -> StripeGateway | None:
-        """The process's Stripe gateway for the dashboard's calls (None without a key)."""
+        """The process's Stripe gateway (None without a key), built on first use: the drainer,
+        the maintenance services, the pages and the commands all call Stripe through it."""
         if not self._gateway_made:
             from .worker import gateway_from
 
@@ -60,7 +62,7 @@ class Services:
         """The maintenance services (rescuer, rollup folder) with their cadence."""
         from .worker import services_for
 
-        return services_for(self.engine, self.settings, clock=self.clock)
+        return services_for(self.engine, self.settings, self.gateway(), clock=self.clock)
 
 
 def services_of(app: Flask) -> Services:

@@ -21,7 +21,7 @@ from webapp import create_app
 from webapp.models import DrainerHeartbeat, OutboxEvent, StripeMeter, SyncState, utcnow
 from webapp.outbox import operations
 from webapp.read.health import SAMPLE, Health, health
-from webapp.worker import Drainer
+from webapp.worker import Drainer, gateway_from
 
 H = DrainerHeartbeat.__table__
 
@@ -340,7 +340,7 @@ def test_a_drainer_in_an_outage_shows_holding_then_sending(
     seed.events(30)
     settings = make_settings(db_url, stripe_api_base=fake_stripe.base_url,
                              stripe_api_key=TEST_API_KEY, max_attempts=50)
-    drainer = Drainer(engine, settings)
+    drainer = Drainer(engine, settings, gateway_from(settings))
     drainer.announce("worker")
     viewer = client_as("viewer")
     try:
@@ -386,7 +386,8 @@ def test_meters_never_read_because_stripe_is_down_is_holding(
     seed.tenant("acme", "cus_acme")
     seed.events(2)
     fake_stripe.set_outage(True)
-    drainer = Drainer(engine, make_settings(db_url, stripe_api_base=fake_stripe.base_url))
+    settings = make_settings(db_url, stripe_api_base=fake_stripe.base_url)
+    drainer = Drainer(engine, settings, gateway_from(settings))
     try:
         assert drainer.drain_once().claimed == 0
     finally:

@@ -190,7 +190,8 @@ def test_cancel_from_the_event_page_asks_first(live: Flask, engine: Engine, fake
     eid = seed.event(status="pending", idempotency_key="to-cancel")
     if with_id:
         fake.answer_adjustments(status="complete", ids=True)
-    drainer = Drainer(engine, live.extensions["billing_outbox"].settings)
+    drainer = Drainer(engine, live.extensions["billing_outbox"].settings,
+                      live.extensions["billing_outbox"].gateway())
     drainer.drain_once()
     drainer.close()
     client = live.test_client()

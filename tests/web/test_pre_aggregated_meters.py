@@ -30,7 +30,7 @@ from webapp.models import OutboxEvent, utcnow
 from webapp.outbox import enqueue_usage, operations
 from webapp.outbox.waiting import DEFER_AFTER, DEFER_FOR
 from webapp.read.health import health
-from webapp.worker import Drainer
+from webapp.worker import Drainer, gateway_from
 from webapp.worker.parker import Parker
 
 from .conftest import login
@@ -54,7 +54,7 @@ def settings(request: pytest.FixtureRequest, db_url: str, fake: FakeStripe) -> S
 
 @pytest.fixture
 def drainer(engine: Engine, settings: Settings) -> Iterator[Drainer]:
-    d = Drainer(engine, settings)
+    d = Drainer(engine, settings, gateway_from(settings))
     yield d
     d.close()
 

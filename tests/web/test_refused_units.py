@@ -20,7 +20,7 @@ from support.loop import drain_all, poll_reports
 from webapp.config import Settings
 from webapp.models import OutboxEvent, StripeErrorSample, utcnow
 from webapp.outbox import enqueue_usage, operations
-from webapp.worker import Drainer
+from webapp.worker import Drainer, gateway_from
 
 T = OutboxEvent.__table__
 S = StripeErrorSample.__table__
@@ -41,7 +41,7 @@ def settings(db_url: str, fake: FakeStripe) -> Settings:
 
 @pytest.fixture
 def drainer(engine: Engine, settings: Settings) -> Iterator[Drainer]:
-    d = Drainer(engine, settings)
+    d = Drainer(engine, settings, gateway_from(settings))
     yield d
     d.close()
 

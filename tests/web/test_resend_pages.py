@@ -67,7 +67,8 @@ def sent(engine: Engine, live: Flask) -> list[int]:
 
 
 def drain(engine: Engine, app: Flask, now: datetime) -> None:
-    drainer = Drainer(engine, services_of(app).settings, clock=lambda: now)
+    drainer = Drainer(engine, services_of(app).settings, services_of(app).gateway(),
+                      clock=lambda: now)
     try:
         while drainer.drain_once().claimed:
             pass

@@ -21,7 +21,7 @@ from webapp.config import Settings
 from webapp.models import OutboxEvent, StreamRequest, StripeErrorSample, utcnow
 from webapp.outbox import enqueue_usage, operations
 from webapp.outbox.tracing import parse_carried
-from webapp.worker import Drainer
+from webapp.worker import Drainer, gateway_from
 
 T = OutboxEvent.__table__
 METER = "api_requests"
@@ -44,7 +44,7 @@ def settings(db_url: str, fake: FakeStripe) -> Settings:
 
 @pytest.fixture
 def drainer(engine: Engine, settings: Settings) -> Iterator[Drainer]:
-    d = Drainer(engine, settings)
+    d = Drainer(engine, settings, gateway_from(settings))
     yield d
     d.close()
 

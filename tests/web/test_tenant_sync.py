@@ -13,7 +13,7 @@ from sqlalchemy import Engine
 from webapp.models import utcnow
 from webapp.outbox.operations import set_tenant
 from webapp.outbox.tenant_sync import StripeCustomer, mappings_from
-from webapp.stripe_gateway import StripeGateway
+from webapp.stripe_gateway import SdkGateway
 
 from .test_tenant_import import audit, tenants
 
@@ -128,7 +128,7 @@ def test_the_gateway_pages_through_every_customer(fake_stripe: Any) -> None:
         fake_stripe.create_customer(f"cus_p{i}", name=f"P{i}", metadata={KEY: f"p{i}"})
     fake_stripe.create_customer("cus_x", deleted=True)
     fake_stripe.create_customer("cus_none")
-    gateway = StripeGateway("sk_test_123", api_base=fake_stripe.base_url, timeout_seconds=5)
+    gateway = SdkGateway("sk_test_123", api_base=fake_stripe.base_url, timeout_seconds=5)
     paced: list[int] = []
     try:
         found = gateway.list_customers(KEY, page_size=3, pace=lambda: paced.append(1))

@@ -67,7 +67,7 @@ def send(engine: Engine, settings: Any, tenant: str, quantities: list[tuple[int,
         ids = [int(enqueue_usage(db, tenant_id=tenant, quantity=q, meter=METER,
                                  idempotency_key=f"{prefix}-{n}", occurred_at=midday(d)).id)
                for n, (d, q) in enumerate(quantities)]
-    drainer = Drainer(engine, settings)
+    drainer = Drainer(engine, settings, gateway_from(settings))
     try:
         while drainer.drain_once().claimed:
             pass

@@ -25,7 +25,7 @@ from support.fake_stripe import FakeStripe
 from webapp.db import make_engine
 from webapp.models import DeliveryAttempt, OutboxEvent, utcnow
 from webapp.outbox import enqueue_usage, operations
-from webapp.worker import Drainer
+from webapp.worker import Drainer, gateway_from
 from webapp.worker.lanes import lane_key, lane_locks
 
 T = OutboxEvent.__table__
@@ -174,8 +174,8 @@ def test_one_process_sends_lanes_in_parallel_one_call_per_lane(
     setup_lanes(engine, fake_stripe)
     keys = enqueue_round_robin(engine, 120, "one")
     fake_stripe.set_latency(0.02)
-    drainer = Drainer(engine, make_settings(db_url, stripe_api_base=fake_stripe.base_url,
-                                            concurrency=4))
+    settings = make_settings(db_url, stripe_api_base=fake_stripe.base_url, concurrency=4)
+    drainer = Drainer(engine, settings, gateway_from(settings))
     try:
         wait_for(lambda: drainer.drain_once() is not None
                  and fake_stripe.accept_count() == len(keys), 60, interval=0.01,
@@ -193,7 +193,8 @@ def test_a_lane_busy_in_another_process_is_skipped_not_waited_on(
     busy, free = LANES[0], LANES[1]
     keys = enqueue_round_robin(pg, 10, "skip", lanes=[busy, free])
     other = lane_locks(pg)  # stands for another worker, mid-call on ``busy``
-    drainer = Drainer(pg, make_settings(pg_url, stripe_api_base=fake_stripe.base_url))
+    settings = make_settings(pg_url, stripe_api_base=fake_stripe.base_url)
+    drainer = Drainer(pg, settings, gateway_from(settings))
     try:
         assert other.acquire([busy]) == {busy}
         summary = drainer.drain_once()

@@ -22,7 +22,7 @@ from support.fake_stripe import FakeStripe
 
 from webapp.models import DeliveryAttempt, OutboxEvent, utcnow
 from webapp.outbox import enqueue_usage, operations
-from webapp.worker import Drainer, run_drainer
+from webapp.worker import Drainer, gateway_from, run_drainer
 from webapp.worker.breaker import CircuitBreaker
 
 T = OutboxEvent.__table__
@@ -106,7 +106,7 @@ def sim_drainer(engine: Engine, fake: FakeStripe, sim: SimTime) -> Drainer:
     settings = make_settings(engine.url.render_as_string(hide_password=False),
                              stripe_api_base=fake.base_url)
     breaker = CircuitBreaker(monotonic=sim.monotonic)  # production defaults: 2 s … 60 s
-    drainer = Drainer(engine, settings, clock=sim.now, breaker=breaker)
+    drainer = Drainer(engine, settings, gateway_from(settings), clock=sim.now, breaker=breaker)
     assert drainer.meters is not None
     drainer.meters.active()  # a worker reads Stripe's meters as it starts
     return drainer
@@ -190,7 +190,7 @@ def test_rate_limit_caps_calls_in_every_second(
     setup_customers(engine)
     settings = make_settings(db_url, stripe_api_base=fake_stripe.base_url,
                              stripe_max_requests_per_second=20, concurrency=8)
-    drainer = Drainer(engine, settings)
+    drainer = Drainer(engine, settings, gateway_from(settings))
     try:
         values = enqueue_many(engine, "rate", 60)
         wait_for(lambda: drainer.drain_once() is not None

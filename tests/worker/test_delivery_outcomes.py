@@ -1,6 +1,6 @@
 """Issue 3, outcome classes and the dedupe-window guard, on SQLite and PostgreSQL.
 
-Every test drives the real ``stripe`` SDK (through ``StripeGateway``) against the loopback fake
+Every test drives the real ``stripe`` SDK (through ``SdkGateway``) against the loopback fake
 via ``STRIPE_API_BASE``, with ``Drainer`` instances in-process; where time matters the drainer
 gets an injected clock. What Stripe saw is read back from the fake (``accepted()``,
 ``request_log()``); what the outbox decided is read back from the tables.
@@ -25,7 +25,7 @@ from webapp.models import DeliveryAttempt, OutboxEvent, utcnow
 from webapp.outbox import enqueue_usage, operations
 from webapp.outbox.states import DEAD_PAST_WINDOW
 from webapp.read.stats import stats
-from webapp.worker import Drainer
+from webapp.worker import Drainer, gateway_from
 
 T = OutboxEvent.__table__
 A = DeliveryAttempt.__table__
@@ -101,7 +101,7 @@ def make_drainer(engine: Engine) -> Iterator[Callable[..., Drainer]]:
     made: list[Drainer] = []
 
     def make(settings: Settings, **kw: Any) -> Drainer:
-        d = Drainer(engine, settings, **kw)
+        d = Drainer(engine, settings, gateway_from(settings), **kw)
         if d.meters is not None:
             d.meters.active()  # a worker reads Stripe's meters as it starts
         made.append(d)

@@ -14,7 +14,7 @@ from sqlalchemy import Engine
 
 from webapp.db import reading
 from webapp.outbox import claims, rollups
-from webapp.worker import Maintenance, Rescuer, RollupFolder, Scheduled, services_for
+from webapp.worker import Maintenance, Rescuer, RollupFolder, Scheduled, gateway_from, services_for
 
 
 def test_rescuer_returns_only_expired_claims(engine: Engine, seed: Any, now: Any) -> None:
@@ -82,7 +82,7 @@ def test_a_draining_process_runs_the_rescuer_the_folder_the_pruner_and_the_repor
                                                                       db_url: str) -> None:
     settings = make_settings(db_url, claim_timeout_seconds=40.0, stripe_api_key=None,
                              prune_interval_seconds=900.0)
-    scheduled = services_for(engine, settings)
+    scheduled = services_for(engine, settings, gateway_from(settings))
     assert {(s.service.name, s.every_seconds) for s in scheduled} == {
         ("rescue", 10.0), ("fold", 60.0), ("prune", 900.0), ("usage-reports", 60.0),
         ("park-waiting", 60.0)}
@@ -90,7 +90,8 @@ def test_a_draining_process_runs_the_rescuer_the_folder_the_pruner_and_the_repor
 
 def test_with_a_key_it_also_reads_stripe_back(engine: Engine, db_url: str) -> None:
     settings = make_settings(db_url, events_poll_seconds=15.0, meters_refresh_seconds=120.0)
-    names = {s.service.name: s.every_seconds for s in services_for(engine, settings)}
+    scheduled = services_for(engine, settings, gateway_from(settings))
+    names = {s.service.name: s.every_seconds for s in scheduled}
     assert names == {"rescue": 7.5, "fold": 60.0, "prune": 3600.0, "usage-reports": 60.0,
                      "park-waiting": 60.0, "meters": 120.0, "stripe-events": 15.0,
                      "reconcile": 300.0}
@@ -105,7 +106,7 @@ def test_rescue_is_not_part_of_a_drain_pass(engine: Engine, seed: Any, now: Any,
     stuck = seed.event(status="processing", processing_deadline_at=now - timedelta(hours=1),
                        claim_token="x", claimed_by="gone:1:aa", stripe_customer_id="cus_acme",
                        first_attempt_at=now - timedelta(hours=1))
-    drainer = Drainer(engine, make_settings(db_url), gateway=None, use_default_gateway=False)
+    drainer = Drainer(engine, make_settings(db_url), None)
     try:
         assert drainer.drain_once().rescued == 0
     finally:

@@ -17,7 +17,7 @@ from support.fake_stripe import FakeStripe
 from webapp.models import DeliveryAttempt, OutboxEvent, utcnow
 from webapp.outbox import enqueue_usage, operations
 from webapp.outbox.control import pause_state
-from webapp.worker import Drainer, run_drainer
+from webapp.worker import Drainer, gateway_from, run_drainer
 
 pytestmark = [pytest.mark.postgres]
 
@@ -34,8 +34,9 @@ def start(pg: Engine, pg_url: str, fake: FakeStripe) -> tuple[Drainer, threading
         for i in range(EVENTS):
             enqueue_usage(db, tenant_id=f"t{i % (EVENTS // BATCH)}", quantity=i + 1,
                           idempotency_key=f"pipe-{i}")
-    drainer = Drainer(pg, make_settings(pg_url, stripe_api_base=fake.base_url,
-                                        batch_size=BATCH, concurrency=1))
+    settings = make_settings(pg_url, stripe_api_base=fake.base_url, batch_size=BATCH,
+                             concurrency=1)
+    drainer = Drainer(pg, settings, gateway_from(settings))
     assert drainer.pipelined and drainer.meters is not None
     drainer.meters.active()  # a worker reads Stripe's meters as it starts
     thread = threading.Thread(target=run_drainer, args=(drainer,), name="drainer", daemon=True)

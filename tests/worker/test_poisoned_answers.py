@@ -72,7 +72,7 @@ def settings(db_url: str, fake: FakeStripe) -> Any:
 def drainer(engine: Engine, settings: Any) -> Iterator[Drainer]:
     operations.set_tenant(engine, "acme", stripe_customer_id="cus_acme", name=None,
                           now=utcnow())
-    d = Drainer(engine, settings)
+    d = Drainer(engine, settings, gateway_from(settings))
     yield d
     d.close()
 

@@ -5,6 +5,8 @@ minus what was cancelled or found invalid, plus what ``add_usage`` adds)."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -51,7 +53,7 @@ def send(engine: Engine, settings: Any, events: list[tuple[str, str, int, dateti
             ids.append(int(enqueue_usage(db, tenant_id=tenant, quantity=quantity, meter=meter,
                                          idempotency_key=f"{tenant}:{meter}:{n}",
                                          occurred_at=at).id))
-    drainer = Drainer(engine, settings)
+    drainer = Drainer(engine, settings, gateway_from(settings))
     try:
         while drainer.drain_once().claimed:
             pass
@@ -92,6 +94,32 @@ def test_a_clean_window_has_no_mismatch(engine: Engine, fake: FakeStripe, settin
     # Few calls: one per (customer, meter) and span of the window.
     pairs = 4
     assert run.calls == pairs * len(spans(run.since, run.until)) == fake.summary_calls
+
+
+def test_a_run_counts_its_own_calls_on_the_process_gateway(
+        engine: Engine, fake: FakeStripe, settings: Any, history: list[int]) -> None:
+    """The process has one gateway: calls another thread makes through it while the run is
+    on (the drainer's, the pages') are not the run's."""
+    gateway = gateway_from(settings)
+    assert gateway is not None
+    stop = threading.Event()
+
+    def other_calls() -> None:
+        while not stop.is_set():
+            gateway.list_meters()
+
+    other = threading.Thread(target=other_calls)
+    other.start()
+    try:
+        while gateway.calls < 3:  # the other thread is calling before the run starts
+            time.sleep(0.01)
+        run = reconcile(engine, gateway, settings, trigger="cli", now=later())
+    finally:
+        stop.set()
+        other.join()
+    assert run.errors == []
+    assert run.calls == 4 * len(spans(run.since, run.until)) == fake.summary_calls
+    assert gateway.calls > run.calls + 3
 
 
 def test_drift_names_exactly_the_drifted_buckets(engine: Engine, fake: FakeStripe,

@@ -47,7 +47,7 @@ def settings(db_url: str, fake: FakeStripe) -> Any:
 
 @pytest.fixture
 def drainer(engine: Engine, settings: Any) -> Iterator[Drainer]:
-    d = Drainer(engine, settings)
+    d = Drainer(engine, settings, gateway_from(settings))
     yield d
     d.close()
 

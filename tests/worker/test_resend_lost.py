@@ -70,7 +70,7 @@ def run(engine: Engine, settings: Any, now: datetime) -> Any:
 
 
 def drain(engine: Engine, settings: Any, now: datetime) -> None:
-    drainer = Drainer(engine, settings, clock=lambda: now)
+    drainer = Drainer(engine, settings, gateway_from(settings), clock=lambda: now)
     try:
         while drainer.drain_once().claimed:
             pass

@@ -24,7 +24,7 @@ from webapp.db import make_engine
 from webapp.models import OutboxEvent, utcnow
 from webapp.outbox import claims, enqueue_usage, operations
 from webapp.outbox.claims import SHARDS
-from webapp.worker import Drainer
+from webapp.worker import Drainer, gateway_from
 from webapp.worker import shards as shards_module
 from webapp.worker.lanes import LaneLocks, lane_locks
 from webapp.worker.shards import ShardView, shard_space
@@ -231,7 +231,8 @@ def test_a_joiner_waits_for_its_share_and_a_one_off_drain_does_not(
     owner = worker(pg, locks)
     step(owner)  # a running worker holds every shard
     settings = make_settings(pg_url, stripe_api_base=fake_stripe.base_url)
-    joiner, once = Drainer(pg, settings), Drainer(pg, settings)
+    joiner = Drainer(pg, settings, gateway_from(settings))
+    once = Drainer(pg, settings, gateway_from(settings))
     once.shards = False  # as the ``drain`` command sets it
     try:
         summary = joiner.drain_once()

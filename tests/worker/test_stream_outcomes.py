@@ -1,7 +1,7 @@
 """Meter event streams (``STRIPE_METER_EVENT_API=v2_stream``): each answer of a stream request
 mapped onto the outcome classes, on SQLite and PostgreSQL.
 
-The real ``stripe`` SDK (through ``StripeGateway.send_batch``) against the loopback fake, with
+The real ``stripe`` SDK (through ``SdkGateway.send_batch``) against the loopback fake, with
 ``Drainer`` instances in-process. What Stripe saw is read back from the fake (``accepted()``,
 ``stream_log()``); what the outbox decided, from the tables.
 """
@@ -23,7 +23,7 @@ from webapp.config import Settings
 from webapp.models import DeliveryAttempt, OutboxEvent, utcnow
 from webapp.outbox import claims, control, enqueue_usage, operations
 from webapp.outbox.states import DEAD_PAST_WINDOW
-from webapp.worker import Drainer
+from webapp.worker import Drainer, gateway_from
 from webapp.worker.breaker import CircuitBreaker
 from webapp.worker.streaming import pack
 
@@ -56,7 +56,8 @@ def make_drainer(engine: Engine, stream_settings: Settings) -> Iterator[Callable
     made: list[Drainer] = []
 
     def make(settings: Settings | None = None, **kw: Any) -> Drainer:
-        d = Drainer(engine, settings or stream_settings, **kw)
+        settings = settings or stream_settings
+        d = Drainer(engine, settings, gateway_from(settings), **kw)
         if d.meters is not None:
             d.meters.active()
         made.append(d)
@@ -370,7 +371,7 @@ def test_a_sandbox_key_keeps_stream_requests_within_25_a_second(
         ids = [int(enqueue_usage(db, tenant_id=f"lane{lane}", quantity=1,
                                  idempotency_key=f"rate-{lane}-{n}").id)
                for lane in range(30) for n in range(60)]
-    drainer = Drainer(engine, settings)
+    drainer = Drainer(engine, settings, gateway_from(settings))
     try:
         drain_all(drainer, engine, ids)
     finally:

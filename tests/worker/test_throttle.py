@@ -7,7 +7,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from webapp.worker import Drainer, EventPoller
+from webapp.worker import Drainer, EventPoller, gateway_from
 from webapp.worker.throttle import RateLimiter, process_limiter
 
 
@@ -43,7 +43,7 @@ def test_one_bucket_per_process_and_rate() -> None:
 def test_sending_polling_and_reconciling_share_the_process_bucket(
         engine: Engine, settings: Any) -> None:
     rate = settings.stripe_max_requests_per_second
-    drainer = Drainer(engine, settings)
+    drainer = Drainer(engine, settings, gateway_from(settings))
     try:
         poller = EventPoller(engine, object(),  # type: ignore[arg-type]
                              max_requests_per_second=rate)

@@ -38,8 +38,9 @@ from .stream import StreamResult
 from .stream_sdk import StreamSender
 
 
-class StripeGateway:
-    """The official SDK behind our verbs; never raises for a send's answer.
+class SdkGateway:
+    """The official SDK behind our verbs (the :class:`~.protocol.StripeGateway` of the
+    product); never raises for a send's answer.
 
     The SDK's own retries are off (``max_network_retries=0``): the outbox retries, with the
     right idempotency key for each kind of failure, and one call never outlives the claim.
@@ -90,6 +91,11 @@ class StripeGateway:
     def calls(self) -> int:
         """HTTP calls made so far (every page of a list is one)."""
         return self._http.calls
+
+    @property
+    def thread_calls(self) -> int:
+        """HTTP calls made so far by the calling thread."""
+        return self._http.thread_calls
 
     # -- sending --------------------------------------------------------------------------
     def send(self, event: MeterEvent, idempotency_key: str) -> CallResult:

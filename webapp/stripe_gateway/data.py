@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 from ..outbox.error_reports import ErrorSample, StripeReport
 from ..outbox.meters import DEFAULT_CUSTOMER_KEY, DEFAULT_VALUE_KEY
@@ -35,12 +35,6 @@ class MeterEvent(NamedTuple):
             "identifier": self.identifier,
             "timestamp": int(self.occurred_at.timestamp()),
         }
-
-
-class Gateway(Protocol):
-    """What the drainer needs of Stripe: send one meter event, get a classified outcome."""
-
-    def send(self, event: MeterEvent, idempotency_key: str) -> CallResult: ...
 
 
 class StripeCallFailed(Exception):  # noqa: N818 - the outcome, not a programming error

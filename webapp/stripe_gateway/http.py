@@ -36,8 +36,9 @@ class Urllib3Client(stripe.HTTPClient):
         self._origins: dict[str, urllib3.HTTPConnectionPool] = {}
         self._counter = itertools.count(1)
         self._calls = 0
-        # The last answer's ``Request-Id`` per thread: an SDK call that returns nothing (the
-        # meter event stream's 200 ``{}``) leaves no ``last_response`` to read it from.
+        # Per thread: the calls it made, and the last answer's ``Request-Id`` (an SDK call
+        # that returns nothing, the meter event stream's 200 ``{}``, leaves no
+        # ``last_response`` to read it from).
         self._last = threading.local()
 
     @property
@@ -45,10 +46,16 @@ class Urllib3Client(stripe.HTTPClient):
         """Requests made so far."""
         return self._calls
 
+    @property
+    def thread_calls(self) -> int:
+        """Requests made so far by the calling thread."""
+        return int(getattr(self._last, "calls", 0))
+
     def request(self, method: str, url: str, headers: Mapping[str, str] | None,
                 post_data: Any = None, *, _usage: Any = None
                 ) -> tuple[Any, int, Any]:  # the SDK decodes bytes as well as str
         self._calls = next(self._counter)  # atomic under threads, unlike += 1
+        self._last.calls = getattr(self._last, "calls", 0) + 1
         self._last.request_id = None
         try:
             if self._proxied:

@@ -39,7 +39,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from ..outbox.states import CallResult, Outcome
 
@@ -166,14 +166,6 @@ class StreamResult:
     def key_of(self, index: int) -> str | None:
         """The ``Idempotency-Key`` of the request that carried event ``index``, if known."""
         return self.keys[index] if index < len(self.keys) else None
-
-
-class StreamGateway(Protocol):
-    """What a drainer needs of Stripe in stream mode: send up to 100 events in one request,
-    under ``idempotency_key`` (a new :func:`request_key` when None)."""
-
-    def send_batch(self, events: Sequence[MeterEvent],
-                   idempotency_key: str | None = None) -> StreamResult: ...
 
 
 def split_refused(send: Callable[[Sequence[MeterEvent]], StreamResult],

@@ -19,7 +19,7 @@ from ..outbox.claims import Claim, ClaimedEvent
 from ..outbox.meters import DEFAULT_CUSTOMER_KEY, DEFAULT_VALUE_KEY, MeterInfo
 from ..outbox.record import AttemptRecord
 from ..outbox.states import DEAD_PAST_WINDOW, CallResult, Outcome, Policy, past_dedupe_window
-from ..stripe_gateway import Gateway
+from ..stripe_gateway import StripeGateway
 from .breaker import CircuitBreaker
 from .lanes import Lane, LaneLocks
 from .throttle import RateLimiter
@@ -60,7 +60,7 @@ class Sent:
 class Sender:
     """Sends claimed batches through ``gateway``; one per drainer."""
 
-    gateway: Gateway | None  # None: the drainer sends nothing (no STRIPE_API_KEY)
+    gateway: StripeGateway | None  # None: the drainer sends nothing (no STRIPE_API_KEY)
     lanes: LaneLocks
     limiter: RateLimiter
     breaker: CircuitBreaker

@@ -9,21 +9,15 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol
 
 from sqlalchemy import Engine
 
 from ..outbox import operations
 from ..outbox.adjustments import CancelAnswer, KeptAdjustment
 from ..outbox.states import Outcome
+from ..stripe_gateway import StripeGateway
 
 log = logging.getLogger(__name__)
-
-
-class Canceller(Protocol):
-    """What can cancel a meter event at Stripe (the real gateway)."""
-
-    def cancel_meter_event(self, event_name: str, identifier: str) -> CancelAnswer: ...
 
 
 @dataclass
@@ -37,7 +31,7 @@ class CancelOutcome:
     adjustments: dict[int, KeptAdjustment] = field(default_factory=dict)
 
 
-def cancel_events(engine: Engine, stripe: Canceller, ids: Sequence[int], *, actor: str,
+def cancel_events(engine: Engine, stripe: StripeGateway, ids: Sequence[int], *, actor: str,
                   reason: str, note: str, now: datetime) -> CancelOutcome:
     """Cancel the events at Stripe and record what Stripe did and answered.
 

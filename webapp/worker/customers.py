@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
-from typing import Any, Protocol
 
 from sqlalchemy import Engine
 
@@ -18,20 +17,13 @@ from ..models import utcnow
 from ..outbox import customers
 from ..outbox.customers import ACTIVE, CustomerCheck, CustomerVerdicts
 from ..outbox.tenant_sync import StripeCustomer
-from ..stripe_gateway import StripeCallFailed
+from ..stripe_gateway import StripeCallFailed, StripeGateway
 from .throttle import process_limiter
 
 log = logging.getLogger(__name__)
 
 
-class CustomerSource(Protocol):
-    """What can list Stripe's customers (the real gateway)."""
-
-    def list_customers(self, metadata_key: str, *, page_size: int = ...,
-                       pace: Callable[[], object] | None = ...) -> list[StripeCustomer]: ...
-
-
-def stripe_customers(engine: Engine, source: CustomerSource, metadata_key: str, *,
+def stripe_customers(engine: Engine, source: StripeGateway, metadata_key: str, *,
                      max_requests_per_second: float, now: datetime) -> list[StripeCustomer]:
     """Every customer (every page), each page drawing on the process's rate limiter, as
     sending and reconciling do; raises ``StripeCallFailed`` when Stripe cannot be asked.
@@ -46,12 +38,6 @@ def stripe_customers(engine: Engine, source: CustomerSource, metadata_key: str, 
     return listed
 
 
-class CustomerLookup(Protocol):
-    """What can ask Stripe about one customer (the real gateway)."""
-
-    def retrieve_customer(self, customer_id: str) -> CustomerCheck: ...
-
-
 class CustomerDirectory:
     """Whether Stripe has each customer, asked at most once per ``refresh_seconds`` per
     customer across every process (the answers are kept in ``stripe_customer_checks``), each
@@ -62,7 +48,7 @@ class CustomerDirectory:
     failure is logged once per call.
     """
 
-    def __init__(self, engine: Engine, source: CustomerLookup, *, refresh_seconds: float,
+    def __init__(self, engine: Engine, source: StripeGateway, *, refresh_seconds: float,
                  max_requests_per_second: float,
                  clock: Callable[[], datetime] = utcnow) -> None:
         self.engine = engine
@@ -103,7 +89,7 @@ class CustomerDirectory:
         return self.checks([customer_id]).get(customer_id)
 
 
-def customer_directory(engine: Engine, gateway: Any, settings: Settings, *,
+def customer_directory(engine: Engine, gateway: StripeGateway, settings: Settings, *,
                        clock: Callable[[], datetime] = utcnow) -> CustomerDirectory:
     """Whether Stripe has a customer, asked at most once per customer per
     ``STRIPE_METERS_REFRESH_SECONDS``, within the process's rate limit."""
@@ -112,7 +98,7 @@ def customer_directory(engine: Engine, gateway: Any, settings: Settings, *,
                              clock=clock)
 
 
-def check_customers(engine: Engine, gateway: Any | None, settings: Settings,
+def check_customers(engine: Engine, gateway: StripeGateway | None, settings: Settings,
                     customer_ids: Iterable[str], *,
                     clock: Callable[[], datetime] = utcnow) -> CustomerVerdicts:
     """What Stripe says of the customers a mapping is about to use, asked before anything is

@@ -35,13 +35,13 @@ from ..models import utcnow
 from ..outbox import claims, control, record
 from ..outbox.meters import MeterInfo
 from ..outbox.states import CallResult
-from ..stripe_gateway import Gateway
+from ..stripe_gateway import StripeGateway
 from .batch import Sender, Sent
 from .breaker import CircuitBreaker
 from .heartbeat import Heartbeat
 from .lanes import lane_locks
-from .meters import MeterCatalog, MeterRefresher, MeterSource
-from .process import gateway_from, policy_from, worker_name
+from .meters import MeterCatalog, MeterRefresher
+from .process import policy_from, worker_name
 from .sending import send_calls
 from .shards import ShardView
 from .streaming import send_streams
@@ -96,13 +96,18 @@ class Pass:
 
 
 class Drainer:
-    """Wires the outbox core to a gateway. One per process; thread-safe ``drain_once``."""
+    """Wires the outbox core to a gateway. One per process; thread-safe ``drain_once``.
 
-    def __init__(self, engine: Engine, settings: Settings, gateway: Gateway | None = None, *,
+    ``gateway``: the process's (``Services.gateway()``; None without ``STRIPE_API_KEY``: then
+    nothing is claimed). ``check_meters``: read Stripe's meters through it and send only to
+    active ones, with each meter's payload keys (the product always does; a benchmark's
+    stand-in for Stripe that has no meters turns it off)."""
+
+    def __init__(self, engine: Engine, settings: Settings, gateway: StripeGateway | None, *,
                  clock: Callable[[], datetime] = utcnow,
                  monotonic: Callable[[], float] = time.monotonic, worker: str | None = None,
                  breaker: CircuitBreaker | None = None, rng: random.Random | None = None,
-                 use_default_gateway: bool = True) -> None:
+                 check_meters: bool = True) -> None:
         self.engine = engine
         self.settings = settings
         self.clock = clock
@@ -124,11 +129,11 @@ class Drainer:
             monotonic=monotonic, stopping=self.stopping, on_systemic=self._pause_systemic,
             on_meter_missing=self._meter_missing,
             strategy=send_streams if settings.meter_event_api == "v2_stream" else send_calls)
-        #: Stripe's meters (when the gateway can list them): events of a meter that is not
-        #: active at Stripe are not claimed, and each is sent with its meter's payload keys.
+        #: Stripe's meters (with ``check_meters``): events of a meter that is not active at
+        #: Stripe are not claimed, and each is sent with its meter's payload keys.
         self.meters: MeterCatalog | None = None
-        self.gateway = gateway if gateway is not None or not use_default_gateway \
-            else gateway_from(settings)
+        self.check_meters = check_meters
+        self.gateway = gateway
         self.pass_lock = threading.Lock()
         #: Whether this drainer takes a share of the lane shards: yes for a long-lived one
         #: (the worker, the in-app scheduler); the ``drain`` command, a one-off, claims the
@@ -147,15 +152,15 @@ class Drainer:
         self.heartbeat: Heartbeat | None = None
 
     @property
-    def gateway(self) -> Gateway | None:
+    def gateway(self) -> StripeGateway | None:
         """Where events are sent; None: nothing is (no ``STRIPE_API_KEY``)."""
         return self.sender.gateway
 
     @gateway.setter
-    def gateway(self, value: Gateway | None) -> None:
+    def gateway(self, value: StripeGateway | None) -> None:
         self.sender.gateway = value
         self.meters = None
-        if isinstance(value, MeterSource):
+        if value is not None and self.check_meters:
             refresher = MeterRefresher(self.engine, value, clock=self.clock)
             self.meters = MeterCatalog(self.engine, refresher, monotonic=self.monotonic,
                                        on_systemic=self._pause_systemic)

@@ -16,10 +16,9 @@ from sqlalchemy import Engine
 
 from ..config import Settings
 from ..models import utcnow
-from ..stripe_gateway import StripeCallFailed
+from ..stripe_gateway import StripeCallFailed, StripeGateway
 from . import folder, parker, pruner, reconciler, reporter, rescuer
 from .meters import MeterRefresher
-from .process import gateway_from
 from .stripe_events import event_poller
 
 log = logging.getLogger(__name__)
@@ -41,12 +40,12 @@ class Scheduled:
     every_seconds: float
 
 
-def services_for(engine: Engine, settings: Settings, *,
+def services_for(engine: Engine, settings: Settings, gateway: StripeGateway | None, *,
                  clock: Callable[[], datetime] = utcnow) -> list[Scheduled]:
     """The maintenance a draining process runs, with each service's cadence: the rescuer,
     the rollup folder, the pruner, the usage reporter and the parker of unmapped tenants'
-    events always; with ``STRIPE_API_KEY``, reading Stripe's meters, its error reports, and
-    reconciling when due."""
+    events always; with a gateway (``STRIPE_API_KEY`` set), reading Stripe's meters, its error
+    reports, and reconciling when due."""
     out = [Scheduled(rescuer.Rescuer(engine, clock=clock), rescuer.interval_seconds(settings)),
            Scheduled(folder.RollupFolder(engine, settings, clock=clock),
                      folder.INTERVAL_SECONDS),
@@ -54,7 +53,6 @@ def services_for(engine: Engine, settings: Settings, *,
                      settings.prune_interval_seconds),
            Scheduled(reporter.UsageReporter(engine, clock=clock), reporter.INTERVAL_SECONDS),
            Scheduled(parker.Parker(engine, clock=clock), parker.INTERVAL_SECONDS)]
-    gateway = gateway_from(settings)
     if gateway is None:
         return out
     meters = MeterRefresher(engine, gateway, clock=clock)

@@ -10,7 +10,6 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import datetime
-from typing import Protocol, runtime_checkable
 
 from sqlalchemy import Engine
 
@@ -19,7 +18,7 @@ from ..models import utcnow
 from ..outbox import meters, sync
 from ..outbox.meters import MeterInfo
 from ..outbox.states import CallResult, Outcome
-from ..stripe_gateway import StripeCallFailed
+from ..stripe_gateway import StripeCallFailed, StripeGateway
 
 log = logging.getLogger(__name__)
 
@@ -29,19 +28,12 @@ RELOAD_SECONDS = 5.0
 MIN_REFRESH_SECONDS = 30.0
 
 
-@runtime_checkable
-class MeterSource(Protocol):
-    """What can list Stripe's meters (the real gateway)."""
-
-    def list_meters(self) -> list[MeterInfo]: ...
-
-
 class MeterRefresher:
     """Reads every meter from Stripe and stores the listing. A maintenance service."""
 
     name = "meters"
 
-    def __init__(self, engine: Engine, source: MeterSource, *,
+    def __init__(self, engine: Engine, source: StripeGateway, *,
                  clock: Callable[[], datetime] = utcnow) -> None:
         self.engine = engine
         self.source = source

@@ -49,13 +49,14 @@ def policy_from(settings: Settings) -> Policy:
 
 
 def gateway_from(settings: Settings) -> StripeGateway | None:
-    """The Stripe gateway, or None without ``STRIPE_API_KEY`` (then nothing is sent). The
-    SDK is loaded here, with the first gateway: a process without a key never loads it."""
+    """The Stripe gateway, or None without ``STRIPE_API_KEY`` (then nothing is sent). Built
+    once per process, by ``Services.gateway()``. The SDK is loaded here, with the first
+    gateway: a process without a key never loads it."""
     if not settings.stripe_api_key:
         return None
-    from ..stripe_gateway import StripeGateway
+    from ..stripe_gateway import SdkGateway
 
-    return StripeGateway(settings.stripe_api_key, api_base=settings.stripe_api_base,
+    return SdkGateway(settings.stripe_api_key, api_base=settings.stripe_api_base,
                          meter_events_base=settings.meter_events_base,
                          timeout_seconds=settings.stripe_timeout_seconds,
                          pool_size=settings.concurrency)

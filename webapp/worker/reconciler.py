@@ -12,7 +12,6 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
-from typing import Protocol
 
 from sqlalchemy import Engine
 
@@ -23,7 +22,7 @@ from ..outbox import reconciliation as recon
 from ..outbox import sync
 from ..outbox.meters import MeterInfo, known_meters
 from ..outbox.states import Outcome
-from ..stripe_gateway import StripeCallFailed, SummaryItem
+from ..stripe_gateway import StripeCallFailed, StripeGateway
 from .throttle import RateLimiter, process_limiter
 
 log = logging.getLogger(__name__)
@@ -36,17 +35,7 @@ MAX_PARALLEL_CALLS = 8
 CHECK_SECONDS = 300.0
 
 
-class SummarySource(Protocol):
-    """What can read Stripe's meter event summaries (the real gateway)."""
-
-    @property
-    def calls(self) -> int: ...
-
-    def meter_event_summaries(self, meter_id: str, customer: str, *, start: datetime,
-                              end: datetime, grouping: str) -> list[SummaryItem]: ...
-
-
-def reconcile(engine: Engine, source: SummarySource, settings: Settings, *,
+def reconcile(engine: Engine, source: StripeGateway, settings: Settings, *,
               since: datetime | None = None, until: datetime | None = None,
               tenant_id: str | None = None, trigger: str, actor: str | None = None,
               now: datetime | None = None,
@@ -61,7 +50,6 @@ def reconcile(engine: Engine, source: SummarySource, settings: Settings, *,
                           actor=actor)
     settle = settings.reconcile_settle_seconds
     limiter = limiter or process_limiter(settings.stripe_max_requests_per_second)
-    calls_before = source.calls
     with reading(engine) as conn:
         pairs = recon.local_totals(conn, since, until, now=now, settle_seconds=settle,
                                    tenant_id=tenant_id)
@@ -80,6 +68,10 @@ def reconcile(engine: Engine, source: SummarySource, settings: Settings, *,
             todo.append((pair, meter))
     window = recon.spans(since, until)
     refused = threading.Event()
+    # The gateway is the process's, shared with the drainer: the run counts the calls made
+    # by its own threads.
+    calls = [0]
+    counting = threading.Lock()
 
     def fetch(job: tuple[recon.PairTotals, MeterInfo]
               ) -> list[tuple[recon.Span, dict[datetime, float]]] | StripeCallFailed | None:
@@ -90,6 +82,7 @@ def reconcile(engine: Engine, source: SummarySource, settings: Settings, *,
             if refused.is_set():
                 return None
             limiter.acquire()
+            before = source.thread_calls
             try:
                 items = source.meter_event_summaries(meter.meter_id, pair.stripe_customer_id,
                                                      start=span.start, end=span.end,
@@ -98,6 +91,9 @@ def reconcile(engine: Engine, source: SummarySource, settings: Settings, *,
                 if exc.result.outcome is Outcome.SYSTEMIC:
                     refused.set()
                 return exc
+            finally:
+                with counting:
+                    calls[0] += source.thread_calls - before
             out.append((span, {i.start: i.value for i in items}))
         return out
 
@@ -114,7 +110,7 @@ def reconcile(engine: Engine, source: SummarySource, settings: Settings, *,
                                   settle_seconds=settle, into=run.comparison)
     if refused.is_set():
         run.errors.append("Stripe refused the API key: the rest was not compared")
-    run.calls = source.calls - calls_before
+    run.calls = calls[0]
     run.finished_at = utcnow()
     recon.store_run(engine, run)
     return run
@@ -133,7 +129,7 @@ class Reconciler:
 
     name = "reconcile"
 
-    def __init__(self, engine: Engine, source: SummarySource, settings: Settings, *,
+    def __init__(self, engine: Engine, source: StripeGateway, settings: Settings, *,
                  clock: Callable[[], datetime] = utcnow) -> None:
         self.engine = engine
         self.source = source

@@ -11,7 +11,7 @@ from ..outbox.claims import Claim, ClaimedEvent
 from ..outbox.meters import MeterInfo
 from ..outbox.record import AttemptRecord
 from ..outbox.states import CallResult, Outcome
-from ..stripe_gateway import Gateway, MeterEvent
+from ..stripe_gateway import MeterEvent, StripeGateway
 from .batch import LaneResult, Sender, latest_start, past_window, payload_keys, unknown_from
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ def _send_lane(sender: Sender, claim: Claim, events: list[ClaimedEvent], abort: 
     return out
 
 
-def _call(gateway: Gateway, ev: ClaimedEvent, keys: tuple[str, str]) -> CallResult:
+def _call(gateway: StripeGateway, ev: ClaimedEvent, keys: tuple[str, str]) -> CallResult:
     """One call; an unexpected error counts as "outcome unknown" (it may have left)."""
     try:
         return gateway.send(MeterEvent(ev.meter, ev.stripe_customer_id, ev.quantity,

@@ -6,11 +6,10 @@ applied (``webapp.outbox.rejections``)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Protocol
 
 from sqlalchemy import Engine
 
@@ -20,6 +19,7 @@ from ..models import utcnow
 from ..outbox import rejections, sync
 from ..outbox.customers import CustomerCheck
 from ..outbox.error_reports import REPORT_TYPES, StripeReport
+from ..stripe_gateway import StripeGateway
 from .customers import CustomerDirectory, customer_directory
 from .throttle import process_limiter
 
@@ -27,26 +27,6 @@ log = logging.getLogger(__name__)
 
 #: Stripe keeps events for 30 days: a first poll reads that far back.
 FIRST_POLL_BACK = timedelta(days=30)
-
-
-class EventSource(Protocol):
-    """What can list and read Stripe's events (the real gateway)."""
-
-    def list_events(self, types: tuple[str, ...], *,
-                    created_gte: datetime | None) -> Iterator[ThinLike]: ...
-
-    def retrieve_event(self, event_id: str) -> StripeReport: ...
-
-
-class ThinLike(Protocol):
-    @property
-    def id(self) -> str: ...
-
-    @property
-    def type(self) -> str: ...
-
-    @property
-    def created(self) -> datetime: ...
 
 
 @dataclass
@@ -121,7 +101,7 @@ class EventPoller:
     #: Events stored and applied per transaction.
     CHUNK = 50
 
-    def __init__(self, engine: Engine, source: EventSource, *,
+    def __init__(self, engine: Engine, source: StripeGateway, *,
                  clock: Callable[[], datetime] = utcnow,
                  on_meter_codes: Callable[[], object] | None = None,
                  max_requests_per_second: float | None = None,
@@ -198,7 +178,7 @@ class EventPoller:
         return summary
 
 
-def event_poller(engine: Engine, gateway: Any, settings: Settings, *,
+def event_poller(engine: Engine, gateway: StripeGateway, settings: Settings, *,
                  clock: Callable[[], datetime] = utcnow,
                  on_meter_codes: Callable[[], object] | None = None) -> EventPoller:
     """The poller every draining process and ``stripe-events poll`` run: within the process's

@@ -27,9 +27,7 @@ class StripeUnreachable(click.ClickException):
 
 
 def _gateway() -> StripeGateway:
-    from ...worker import gateway_from
-
-    gateway = gateway_from(services().settings)
+    gateway = services().gateway()
     if gateway is None:
         raise ConfigError("STRIPE_API_KEY is not set: Stripe cannot be asked")
     return gateway

@@ -49,16 +49,11 @@ def tenants_set(tenant_id: str, stripe_customer: str, name: str | None) -> None:
 
 def _verdicts(customer_ids: Iterable[str]) -> CustomerVerdicts:
     """What Stripe says of these customers (nothing asked without a key)."""
-    from ...worker import check_customers, gateway_from
+    from ...worker import check_customers
 
     svc = services()
-    gateway = gateway_from(svc.settings)
-    try:
-        return check_customers(svc.engine, gateway, svc.settings, customer_ids,
-                               clock=svc.clock)
-    finally:
-        if gateway is not None:
-            gateway.close()
+    return check_customers(svc.engine, svc.gateway(), svc.settings, customer_ids,
+                           clock=svc.clock)
 
 
 @tenants.command("import")
