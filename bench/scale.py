@@ -120,7 +120,7 @@ def run(db: BenchDatabase, *, events: int, runs: int, log: Any = print,
     from webapp.config import Settings
     from webapp.models import utcnow
     from webapp.outbox import rollups
-    from webapp.outbox.waiting import defer_unsendable
+    from webapp.outbox.deferred import defer_unsendable
 
     res = ScaleResults(events=events, runs=runs)
     add = res.table.append
@@ -146,7 +146,7 @@ def run(db: BenchDatabase, *, events: int, runs: int, log: Any = print,
         log(f"scale: {compared:,} compared days kept (as a reconciliation keeps them) in "
             f"{seed_s:.0f} s")
         res.raw["reconciled"] = {"days": compared, "seconds": seed_s}
-        # The parker's first turn, as the worker takes it within a minute of starting.
+        # The deferrer's first turn, as the worker takes it within a minute of starting.
         t0 = time.perf_counter()
         parked = defer_unsendable(engine, now=utcnow())
         park_s = time.perf_counter() - t0
@@ -170,7 +170,7 @@ def run(db: BenchDatabase, *, events: int, runs: int, log: Any = print,
                 f"{sum(times.values()):.0f} s", "", "",
                 ", ".join(f"{k} {v:.0f} s" for k, v in times.items())
                 + f"; then the first fold {fold_s:.0f} s, VACUUM (ANALYZE) {vacuum_s:.0f} s; "
-                f"the parker put off {parked:,} events of tenants without a customer in "
+                f"the deferrer put off {parked:,} events of tenants without a customer in "
                 f"{park_s:.1f} s"))
         s = sizes(engine)
         res.raw["sizes"] = s
@@ -206,7 +206,7 @@ def run(db: BenchDatabase, *, events: int, runs: int, log: Any = print,
 def pages(res: ScaleResults, app: Any, engine: Any, settings: Any, runs: int,
           log: Any) -> None:
     from webapp.models import utcnow
-    from webapp.outbox.waiting import defer_unsendable
+    from webapp.outbox.deferred import defer_unsendable
     from webapp.worker.report_writer import keep_quick_periods
 
     dashboard.make_users(engine)

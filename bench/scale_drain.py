@@ -78,11 +78,11 @@ def settle(engine: Any, url: str) -> int:
 
 def insert_batch(engine: Any, n: int, digits: int, now: datetime,
                  tag: str) -> tuple[int, list[str]]:
-    """Settle what is due, take the parker's turn (the worker's parker puts off unmapped
+    """Settle what is due, take the deferrer's turn (the worker's deferrer puts off unmapped
     tenants' events every minute), then insert ``n`` pending events past the current largest
     id: (mark, identifiers)."""
     from webapp.models import utcnow
-    from webapp.outbox.waiting import defer_unsendable
+    from webapp.outbox.deferred import defer_unsendable
 
     settle(engine, engine.url.render_as_string(hide_password=False))
     defer_unsendable(engine, now=utcnow())

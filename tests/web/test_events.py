@@ -8,7 +8,7 @@ from html import unescape
 
 from webapp.models import utcnow
 from webapp.outbox.meters import MeterInfo, store_meters
-from webapp.outbox.sync import METERS, record_run
+from webapp.outbox.stripe_runs import METERS, record_run
 from webapp.read.events import event_detail
 from webapp.read.words import CANCEL_WORDS, STATE_WORDS
 
@@ -65,7 +65,7 @@ def test_missing_event_and_find(client_as, seed) -> None:
 
 
 def test_an_unmapped_tenants_event_says_it_waits_for_a_customer(client_as, seed) -> None:
-    """Its next attempt is the mapping (the parker moves its time), not a clock time; once
+    """Its next attempt is the mapping (the deferrer moves its time), not a clock time; once
     the tenant is mapped, the time shows again."""
     waiting = seed.event(tenant_id="ghost")
     html = client_as("viewer").get(f"/events/{waiting}").get_data(as_text=True)

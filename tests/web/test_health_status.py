@@ -132,8 +132,8 @@ def test_unmapped_tenants_events_do_not_stall_sending(engine: Engine, seed: Any)
 def test_idle_says_how_many_events_wait_for_a_customer(engine: Engine, seed: Any) -> None:
     """Events of a tenant without a Stripe customer are not "due" for any drainer, but the
     line does not say "nothing is due" while they wait: it counts them, due or put off by
-    the parker, until the tenant is mapped."""
-    from webapp.outbox.waiting import defer_unsendable
+    the deferrer, until the tenant is mapped."""
+    from webapp.outbox.deferred import defer_unsendable
 
     now = utcnow()
     seed.event(tenant_id="nobody", created_at=now - timedelta(hours=1),
@@ -145,7 +145,7 @@ def test_idle_says_how_many_events_wait_for_a_customer(engine: Engine, seed: Any
     seed.events(2, tenant_id="nobody", created_at=now - timedelta(hours=1),
                 next_attempt_at=now - timedelta(hours=1))
     assert "3 events wait for a Stripe customer" in read(engine, now=now).detail
-    # Put off by the parker, they are no longer due; the line still counts them.
+    # Put off by the deferrer, they are no longer due; the line still counts them.
     assert defer_unsendable(engine, now=now) == 3
     with engine.connect() as conn:
         assert conn.execute(select(OutboxEvent.__table__.c.id).where(
@@ -204,7 +204,7 @@ def test_events_of_a_pre_aggregated_meter_say_why_they_wait(engine: Engine, seed
 
 
 def test_events_put_off_for_a_missing_meter_still_show_it(engine: Engine, seed: Any) -> None:
-    """The parker takes them out of the due events; the line still names their meter."""
+    """The deferrer takes them out of the due events; the line still names their meter."""
     seed.tenant("acme", "cus_acme")
     now = utcnow()
     meters_read(engine, active=["api_requests"], inactive=["storage_gb"])

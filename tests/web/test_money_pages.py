@@ -120,7 +120,7 @@ def test_the_stripe_page_and_overview_say_why_a_pre_aggregated_meters_events_wai
     """Stripe keeps one value per window of such a meter: its row and the events waiting for
     it say so in plain words, and what makes them go out; Stripe's window text is escaped."""
     from webapp.outbox.meters import MeterInfo, store_meters
-    from webapp.outbox.sync import METERS, record_run
+    from webapp.outbox.stripe_runs import METERS, record_run
 
     now = utcnow()
     store_meters(engine, [MeterInfo("api_requests", "mtr_1", "active"),

@@ -28,10 +28,10 @@ from webapp.config import Settings
 from webapp.db import reading
 from webapp.models import OutboxEvent, utcnow
 from webapp.outbox import enqueue_usage, operations
-from webapp.outbox.waiting import DEFER_AFTER, DEFER_FOR
+from webapp.outbox.deferred import DEFER_AFTER, DEFER_FOR
 from webapp.read.health import health
 from webapp.worker import Drainer, gateway_from
-from webapp.worker.parker import Parker
+from webapp.worker.deferrer import Deferrer
 
 from .conftest import login
 
@@ -109,9 +109,9 @@ def test_a_pre_aggregated_meters_events_wait_and_go_out_once_it_is_ordinary(
     stripe_page = viewer.get("/stripe").get_data(as_text=True)
     assert "1 pre-aggregated (not sent to)" in stripe_page
 
-    # The parker puts them off as for a missing meter; the line still says why.
+    # The deferrer puts them off as for a missing meter; the line still says why.
     later = utcnow() + DEFER_AFTER + timedelta(minutes=1)
-    assert Parker(engine, clock=lambda: later).run_once() == 3
+    assert Deferrer(engine, clock=lambda: later).run_once() == 3
     assert all(r.next_attempt_at >= later + DEFER_FOR - timedelta(seconds=1)
                for r in rows(engine, ids))
     with reading(engine) as conn:

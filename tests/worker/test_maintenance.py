@@ -85,7 +85,7 @@ def test_a_draining_process_runs_the_rescuer_the_folder_the_pruner_and_the_repor
     scheduled = services_for(engine, settings, gateway_from(settings))
     assert {(s.service.name, s.every_seconds) for s in scheduled} == {
         ("rescue", 10.0), ("fold", 60.0), ("prune", 900.0), ("usage-reports", 60.0),
-        ("park-waiting", 60.0)}
+        ("defer-unsendable", 60.0)}
 
 
 def test_with_a_key_it_also_reads_stripe_back(engine: Engine, db_url: str) -> None:
@@ -93,7 +93,7 @@ def test_with_a_key_it_also_reads_stripe_back(engine: Engine, db_url: str) -> No
     scheduled = services_for(engine, settings, gateway_from(settings))
     names = {s.service.name: s.every_seconds for s in scheduled}
     assert names == {"rescue": 7.5, "fold": 60.0, "prune": 3600.0, "usage-reports": 60.0,
-                     "park-waiting": 60.0, "meters": 120.0, "stripe-events": 15.0,
+                     "defer-unsendable": 60.0, "meters": 120.0, "stripe-events": 15.0,
                      "reconcile": 300.0}
 
 

@@ -25,7 +25,6 @@ from sqlalchemy import (
     bindparam,
     case,
     func,
-    or_,
     select,
     text,
 )
@@ -283,8 +282,3 @@ def rescue_expired(engine: Engine, *, now: datetime) -> int:
                     last_outcome="claim_expired"))
     with engine.begin() as conn:
         return conn.execute(stmt).rowcount
-
-
-def lane_filter(lanes: Iterable[tuple[str, str]]) -> ColumnElement[bool]:
-    """SQL condition selecting the events of the given lanes (for tests and tools)."""
-    return or_(*[and_(T.c.stripe_customer_id == c, T.c.meter == m) for c, m in lanes])

@@ -23,8 +23,8 @@ from sqlalchemy import Connection, Engine, select, true
 from sqlalchemy import update as sa_update
 
 from ..models import clean, fit, fits, limit_of
+from .deferred import undefer_sendable
 from .sql import STRIPE_METERS, insert_for
-from .waiting import undefer_sendable
 
 log = logging.getLogger(__name__)
 M = STRIPE_METERS.c

@@ -22,6 +22,7 @@ from ..models import fit
 from .adjustments import CancelAnswer, KeptAdjustment, kept
 from .control import OPERATOR, set_paused_in
 from .customers import CustomerVerdicts
+from .deferred import undefer_sendable
 from .guards import (
     CANCEL_REFUSALS,
     REQUEUE_REFUSALS,
@@ -36,7 +37,6 @@ from .rollups import lock_sent_mark, unfold_sent
 from .sendable import NEEDS_A_PERSON
 from .sql import SENT_AS, TENANTS, T, as_utc, id_in
 from .states import Move, Status, allowed, requeue_identifier
-from .waiting import undefer_sendable
 
 RESOLVE_REASONS = {
     "billed_manually": "Billed manually",

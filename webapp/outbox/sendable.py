@@ -13,7 +13,7 @@ metered    when Stripe's meters were listed, its meter is active   the claim's `
 
 Each term is written here twice, side by side: in Python (:func:`sendable_now`, for one
 event already read) and in SQL (:data:`WAITING_SQL`, :func:`addressed_sql`, and
-:data:`PG_SENDABLE_NOW` for the claim written out). The claim on both databases, the parker,
+:data:`PG_SENDABLE_NOW` for the claim written out). The claim on both databases, the deferrer,
 the status line and ``stats`` use these, and ``tests/outbox/test_sendable.py`` holds them to
 the same rows on a table of edge cases.
 

@@ -136,7 +136,7 @@ IDLE_UNSENT = T.c.status.not_in([sql_str("sent"), sql_str("processing")])
 WAITING_IDLE = T.c.status.not_in([sql_str(s) for s in ("sent", "processing", "dead",
                                                         "resolved", "rejected", "cancelled")])
 #: Events in flight: the predicate of ``ix_outbox_processing_deadline``.
-IN_FLIGHT = T.c.status == sql_str("processing")
+IN_FLIGHT_WHERE = T.c.status == sql_str("processing")
 
 
 def condition_sql(cond: Condition, columns: Mapping[str, Any], *, now: datetime,

@@ -32,10 +32,10 @@ from sqlalchemy.exc import IntegrityError
 from ..audit import write_audit
 from ..models import fit
 from .customers import NOT_IN_STRIPE_ADVICE, UNASKED_ADVICE, CustomerVerdicts
+from .deferred import undefer_sendable
 from .ids import customer_id_problem, tenant_id_problem
 from .operations import OperationError
 from .sql import TENANTS, text_in
-from .waiting import undefer_sendable
 
 COLUMNS = ("tenant_id", "stripe_customer_id", "name")
 #: Stripe's customer ids: ``cus_`` and letters and digits.

@@ -7,6 +7,6 @@ Speed, at a million rows of which 95% are sent: nothing counts the sent rows on 
 is *not* sent is small and read through partial indexes (``ix_outbox_unsent`` and friends,
 migration 0002); events in flight are in none of those but ``ix_outbox_processing_deadline``
 (migration 0005), so a read that counts them adds them from there
-(:data:`webapp.outbox.sql.IN_FLIGHT`); sent events come from the rollups plus the few rows
+(:data:`webapp.outbox.sql.IN_FLIGHT_WHERE`); sent events come from the rollups plus the few rows
 past their mark (:mod:`webapp.outbox.rollups`), which the folder service keeps fresh.
 """

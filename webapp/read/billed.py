@@ -8,7 +8,7 @@ from __future__ import annotations
 from sqlalchemy import ColumnElement, Connection, select, union
 
 from ..outbox.rollups import SENT_USAGE, live_sent, read_mark
-from ..outbox.sql import IDLE_UNSENT, IN_FLIGHT, SENT_YEARLY, TENANTS, T
+from ..outbox.sql import IDLE_UNSENT, IN_FLIGHT_WHERE, SENT_YEARLY, TENANTS, T
 
 
 def tenants_billed_to(conn: Connection, customer: str) -> list[str]:
@@ -22,7 +22,7 @@ def tenants_billed_to(conn: Connection, customer: str) -> list[str]:
         select(TENANTS.c.tenant_id).where(TENANTS.c.stripe_customer_id == customer),
         select(SENT_YEARLY.c.tenant_id).where(SENT_YEARLY.c.stripe_customer_id == customer),
         select(T.c.tenant_id).where(IDLE_UNSENT, mine),
-        select(T.c.tenant_id).where(IN_FLIGHT, mine),
+        select(T.c.tenant_id).where(IN_FLIGHT_WHERE, mine),
         select(T.c.tenant_id).where(live_sent(mark), mine),
     ).subquery()
     return sorted(str(t) for t in conn.execute(select(found.c.tenant_id)).scalars())

@@ -17,7 +17,7 @@ from ..outbox.sendable import WAITING
 from ..outbox.sql import (
     EPOCH,
     IDLE_UNSENT,
-    IN_FLIGHT,
+    IN_FLIGHT_WHERE,
     TENANTS,
     WAITING_IDLE,
     T,
@@ -28,7 +28,7 @@ from ..outbox.sql import (
 )
 from ..outbox.states import ALL_STATUSES, MAX_AGE
 
-#: Unsent and not closed, but for those in flight (counted through IN_FLIGHT): on their way,
+#: Unsent and not closed, but for those in flight (counted through IN_FLIGHT_WHERE): on their way,
 #: or dead (sent again only by a person's requeue).
 UNSENT_OPEN = (*WAITING, "dead")
 #: Unsent statuses with a partial index of their own, counted through it.
@@ -54,7 +54,7 @@ def status_counts(conn: Connection) -> dict[str, int]:
     legs.append(select(T.c.status, func.count().label("n"))
                 .where(status_in(RANGED), IDLE_UNSENT).group_by(T.c.status))
     legs.append(select(sql_str("processing").label("status"), func.count().label("n"))
-                .where(IN_FLIGHT))
+                .where(IN_FLIGHT_WHERE))
     for status, n in conn.execute(union_all(*legs)):
         counts[str(status)] = int(n)
     counts["sent"] = sent_total(conn)
@@ -65,7 +65,7 @@ def oldest_waiting(conn: Connection) -> datetime | None:
     """When the oldest event still waiting to be sent (pending, processing, retrying) was
     enqueued (``ix_outbox_waiting_created``, and the few in flight apart)."""
     found = [as_utc(conn.execute(select(func.min(T.c.created_at)).where(where)).scalar())
-             for where in (WAITING_IDLE, IN_FLIGHT)]
+             for where in (WAITING_IDLE, IN_FLIGHT_WHERE)]
     return min((at for at in found if at is not None), default=None)
 
 
@@ -80,7 +80,7 @@ def age_limits(conn: Connection, now: datetime,
         counts = status_counts(conn)
     limit = now - MAX_AGE
     parts: dict[str, tuple[Any, ...]] = {s: (status_is(s), IDLE_UNSENT) for s in UNSENT_OPEN}
-    parts["processing"] = (IN_FLIGHT,)
+    parts["processing"] = (IN_FLIGHT_WHERE,)
     legs = []
     for where in parts.values():
         legs.append(select(sql_str("inside").label("k"), func.count().label("n"))

@@ -24,7 +24,7 @@ from ..outbox.sql import (
     AUDIT_EVENTS,
     ERROR_SAMPLES,
     IDLE_UNSENT,
-    IN_FLIGHT,
+    IN_FLIGHT_WHERE,
     TENANTS,
     T,
     row_dict,
@@ -167,7 +167,7 @@ def _pieces(conn: Connection, f: EventFilters, now: datetime) -> list[Piece]:
         # A tenant's events: through its index (which leaves the few in flight out), and
         # those in flight through the rescuer's, as the tenant page reads them.
         return [Piece([T.c.status != sql_str("processing"), *common]),
-                Piece([IN_FLIGHT, *common])]
+                Piece([IN_FLIGHT_WHERE, *common])]
     if statuses is None:
         return [Piece(common)]
     if not statuses:
@@ -227,13 +227,6 @@ def event_list(engine: Engine, f: EventFilters, *, now: datetime, before: int | 
     return EventPage(rows, next_before, count, more)
 
 
-def count_events(engine: Engine, f: EventFilters, *, now: datetime) -> int:
-    """How many events match (to :data:`COUNT_CAP` + 1): what the list would say."""
-    with reading(engine) as conn:
-        count, more = _count(conn, _pieces(conn, f, now))
-    return count + (1 if more else 0)
-
-
 def export_rows(engine: Engine, f: EventFilters, *, now: datetime
                 ) -> Iterator[Sequence[Any]]:
     """Every matching event as a CSV row (:data:`LIST_COLUMNS`, the order of
@@ -242,7 +235,7 @@ def export_rows(engine: Engine, f: EventFilters, *, now: datetime
     each piece's rows of a range are one query sorted by id, read :data:`EXPORT_BATCH` rows at
     a time (a server-side cursor on PostgreSQL), and the pieces are merged. So the first rows
     come as soon as the newest range is sorted, not the whole set (the dead events with one
-    error code: 1 s at 10 million rows, as no index holds them in id order); no row is read
+    error code, which no index holds in id order); no row is read
     twice (keyset batches with a LIMIT searched every dead row again for each batch); and an
     export of any size holds a batch a piece in memory."""
     with exporting(engine) as conn:

@@ -9,9 +9,9 @@ from typing import Any
 from sqlalchemy import Engine, select
 
 from ..db import reading
+from ..outbox.deferred import waits_for
 from ..outbox.meters import MeterInfo, known_meter
 from ..outbox.sql import ATTEMPTS, AUDIT, AUDIT_EVENTS, TENANTS, T, row_dict
-from ..outbox.waiting import waits_for
 from .stripe_side import samples_for_event
 from .words import answer_label
 
@@ -27,7 +27,7 @@ class EventDetail:
     #: Stripe's error samples that named this event (its rejections, past and present).
     samples: list[dict[str, Any]]
     #: What a pending event waits for before it can be sent: "customer", "meter" or None
-    #: (:func:`webapp.outbox.waiting.waits_for`).
+    #: (:func:`webapp.outbox.deferred.waits_for`).
     waits: str | None = None
     #: The meter it waits for, as last listed (None when Stripe never listed it): why it
     #: cannot be sent to (inactive, pre-aggregated).

@@ -29,13 +29,13 @@ from typing import Any
 
 from sqlalchemy import Connection, false, func, select
 
-from ..outbox import sync
+from ..outbox import stripe_runs
 from ..outbox.control import pause_state
+from ..outbox.deferred import DEFER_FOR, UNCLAIMED
 from ..outbox.meters import active_meters, known_meter
 from ..outbox.sendable import TENANT_MAPPED, WAITING_SQL, addressed, due, sendable_now_sql
 from ..outbox.sql import HEARTBEATS as H
 from ..outbox.sql import TENANTS, T, as_utc, status_is
-from ..outbox.waiting import DEFER_FOR, UNCLAIMED
 from .words import pre_aggregated_words
 
 #: Nothing sent for this long while events are due: stalled.
@@ -97,7 +97,7 @@ class _Due:
     oldest_sendable: datetime | None
     held_by_meter: dict[str, int]
     more: bool
-    #: Not due: put off by the parker for a meter Stripe does not have (in a sample of
+    #: Not due: put off by the deferrer for a meter Stripe does not have (in a sample of
     #: ``SAMPLE``), and whether that sample was full.
     put_off_by_meter: dict[str, int]
     put_off_more: bool
@@ -117,7 +117,7 @@ def health(conn: Connection, *, now: datetime, api_key_here: bool) -> Health:
                          .where(H.c.seen_at >= now - GONE_AFTER)).all()
     last_sent = as_utc(conn.execute(select(func.max(T.c.sent_at))
                                     .where(status_is("sent"))).scalar())
-    listing = sync.sync_status(conn, sync.METERS)
+    listing = stripe_runs.run_status(conn, stripe_runs.METERS)
     active = set(active_meters(conn)) if listing.ran_at is not None else None
     due = _due(conn, now, active)
 
@@ -234,7 +234,7 @@ def _due(conn: Connection, now: datetime, active: set[str] | None) -> _Due:
 
 def _put_off_for_meters(conn: Connection, now: datetime,
                         active: set[str]) -> tuple[dict[str, int], bool]:
-    """Events the parker put off for a meter Stripe does not have (active), by meter (at most
+    """Events the deferrer put off for a meter Stripe does not have (active), by meter (at most
     ``SAMPLE`` of them), and whether there were that many: no longer due, they still wait for
     it, and the line says so. They are never-claimed pending events due within ``DEFER_FOR``
     of now; the conditions come before the limit, so retries due in that time cannot hide
@@ -253,7 +253,7 @@ def _put_off_for_meters(conn: Connection, now: datetime,
 
 def _waiting_for_customer(conn: Connection, now: datetime) -> tuple[int, bool]:
     """Never-claimed events of tenants without a Stripe customer, due or put off by the
-    parker (due again within ``DEFER_FOR``), at most ``SAMPLE`` (any of them: a count needs no
+    deferrer (due again within ``DEFER_FOR``), at most ``SAMPLE`` (any of them: a count needs no
     order, and the read stops at the limit); and whether there were that many. Read only when
     nothing else is due, so that Idle does not say "nothing is due" while they wait for a
     mapping."""

@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, func, select
 
 from ..db import reading
-from ..outbox import sync
+from ..outbox import stripe_runs
 from ..outbox.control import PauseState, pause_state
 from ..outbox.sendable import ON_ITS_WAY, WAITING
 from ..outbox.sql import ATTEMPTS, T, status_is
@@ -79,7 +79,7 @@ class Overview:
     near_limit: int
     over_limit: int
     unmapped: list[UnmappedTenant]
-    events_read: sync.SyncStatus
+    events_read: stripe_runs.RunStatus
     last_reconciliation: RunSummary | None
     waiting_for_meters: list[WaitingForMeter]
     range: Range
@@ -129,7 +129,7 @@ def overview(engine: Engine, *, now: datetime, stripe_mode: str = "test",
             status_is("dead"), T.c.dead_at >= now - timedelta(days=1))).scalar_one())
         near, over = age_limits(conn, now, counts)
         unmapped = unmapped_tenants(conn)
-        events_read = sync.sync_status(conn, sync.EVENTS)
+        events_read = stripe_runs.run_status(conn, stripe_runs.EVENTS)
         reconciled = last_run(conn, whole=True)
         meters = waiting_for_meters(conn)
     ov = Overview(now, counts, oldest, per_minute, per_hour, hour, day, status, switch,

@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, select
 
 from ..db import reading
-from ..outbox import sync
+from ..outbox import stripe_runs
 from ..outbox.sql import RECON_MISMATCHES, RECON_RUNS, row_dict
 
 
@@ -88,7 +88,7 @@ def reconciliation_page(engine: Engine, *, now: datetime, run_id: int | None = N
                         limit: int = 20) -> ReconciliationPage:
     """The last ``limit`` runs, and the mismatches of ``run_id`` (default: the latest)."""
     with reading(engine) as conn:
-        running_by = sync.lease_holder(conn, sync.RECONCILE, now=now)
+        running_by = stripe_runs.lease_holder(conn, stripe_runs.RECONCILE, now=now)
         runs = [_summary(r) for r in conn.execute(
             select(RECON_RUNS).order_by(RECON_RUNS.c.id.desc()).limit(limit))]
         run = next((r for r in runs if r.id == run_id), None) if run_id is not None else (

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, case, func, select
 
 from ..db import reading
-from ..outbox import sync
+from ..outbox import stripe_runs
 from ..outbox.meters import ACTIVE, known_meters
 from ..outbox.sendable import WAITING
 from ..outbox.sql import (
@@ -21,7 +21,7 @@ from ..outbox.sql import (
     row_dict,
     status_in,
 )
-from ..outbox.sync import SyncStatus
+from ..outbox.stripe_runs import RunStatus
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class WaitingForMeter:
 def waiting_for_meters(conn: Connection) -> list[WaitingForMeter]:
     """Event names with events waiting whose meter may not be sent to (missing, inactive or
     pre-aggregated; none before the meters were ever read: then nothing can be said)."""
-    if sync.sync_status(conn, sync.METERS).ran_at is None:
+    if stripe_runs.run_status(conn, stripe_runs.METERS).ran_at is None:
         return []
     meters = known_meters(conn)
     rows = conn.execute(select(T.c.meter, func.count())
@@ -59,7 +59,7 @@ class StripePage:
     waiting: list[WaitingForMeter]
     reports: list[dict[str, Any]]
     unmatched: list[dict[str, Any]]
-    syncs: dict[str, SyncStatus]
+    syncs: dict[str, RunStatus]
 
 
 def stripe_page(engine: Engine, *, limit: int = 50) -> StripePage:
@@ -83,8 +83,8 @@ def stripe_page(engine: Engine, *, limit: int = 50) -> StripePage:
                 STREAM_REQUESTS, STREAM_REQUESTS.c.idempotency_key == ERROR_SAMPLES.c.identifier))
             .where(ERROR_SAMPLES.c.outcome.in_(("unmatched", "stale", "waiting", "ambiguous")))
             .order_by(ERROR_SAMPLES.c.id.desc()).limit(limit))]
-        syncs = {name: sync.sync_status(conn, name)
-                 for name in (sync.METERS, sync.EVENTS, sync.RECONCILE)}
+        syncs = {name: stripe_runs.run_status(conn, name)
+                 for name in (stripe_runs.METERS, stripe_runs.EVENTS, stripe_runs.RECONCILE)}
     return StripePage(meters, waiting, reports, unmatched, syncs)
 
 

@@ -30,7 +30,7 @@ from ..outbox.retention import PRUNABLE
 from ..outbox.rollups import SENT_USAGE, customer_key, live_sent, read_mark
 from ..outbox.sql import (
     IDLE_UNSENT,
-    IN_FLIGHT,
+    IN_FLIGHT_WHERE,
     PRUNED_ROLLUP,
     SENT_MONTHLY,
     SENT_ROLLUP,
@@ -100,7 +100,7 @@ def usage_pieces(conn: Connection, start: date, end: date, tenant_id: str | None
         select(T.c.tenant_id, customer_key(T.c.stripe_customer_id), T.c.meter,
                sql_str("processing" if in_flight_apart else "pending").label("status"), one,
                T.c.quantity)
-        .where(IN_FLIGHT, *span),
+        .where(IN_FLIGHT_WHERE, *span),
     ]
     # Resolved and cancelled events past retention, from the pruned-usage rollup (pruned
     # sent events stay in the sent rollups, read above).

@@ -15,7 +15,7 @@ from markupsafe import Markup
 
 from ..db import reading
 from ..outbox import reconciliation as recon
-from ..outbox import sync
+from ..outbox import stripe_runs
 from ..outbox.findings import number
 from ..outbox.resend import MAX_CHOSEN, resend_chosen, resend_day
 from ..read.reconciliation import reconciliation_page
@@ -82,8 +82,8 @@ def start_in_background(actor: str, *, since: datetime | None = None,
     gateway = services.gateway()
     assert gateway is not None
     owner = f"{trigger}:{actor}"
-    if not sync.take_lease(services.engine, sync.RECONCILE, owner=owner, now=services.clock(),
-                           seconds=RECONCILE_LEASE_SECONDS):
+    if not stripe_runs.take_lease(services.engine, stripe_runs.RECONCILE, owner=owner,
+                                  now=services.clock(), seconds=RECONCILE_LEASE_SECONDS):
         return False
 
     def work() -> None:
@@ -93,7 +93,7 @@ def start_in_background(actor: str, *, since: datetime | None = None,
         except Exception:
             log.exception("reconciliation started from the dashboard failed")
         finally:
-            sync.drop_lease(services.engine, sync.RECONCILE, owner=owner)
+            stripe_runs.drop_lease(services.engine, stripe_runs.RECONCILE, owner=owner)
 
     threading.Thread(target=work, name=f"reconcile-{trigger}", daemon=True).start()
     return True

@@ -14,7 +14,7 @@ from ..db import reading
 from ..outbox.error_reports import REPORT_TYPES
 from ..outbox.rejections import is_stored
 from ..stripe_gateway import InvalidSignature, StripeCallFailed
-from ..worker import MeterRefresher, customer_directory, store_report
+from ..worker import MeterRefresher, customer_directory, receive_report
 from .common import now, svc
 
 bp = Blueprint("webhook", __name__)
@@ -47,7 +47,7 @@ def receive() -> ResponseReturnValue:
         log.warning("webhook: event %s could not be read from Stripe: %s", thin.id, exc)
         return jsonify(status="error", message="could not read the event; push again"), 503
     meters = MeterRefresher(svc().engine, gateway, clock=svc().clock)
-    applied = store_report(svc().engine, report, source="webhook", now=now(),
+    applied = receive_report(svc().engine, report, source="webhook", now=now(),
                            on_meter_codes=meters.run_once,
                            customers=customer_directory(svc().engine, gateway, settings,
                                                         clock=svc().clock))

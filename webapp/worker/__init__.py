@@ -7,7 +7,7 @@ What the rest of the product may use (``webapp.web`` imports nothing deeper):
   rollup folder, each with a ``run_once()``, run on their cadence;
 - :class:`Rescuer`, :class:`RollupFolder` — those services, for a scheduler of its own;
 - :class:`MeterRefresher`, :class:`EventPoller` (built by :func:`event_poller`; with
-  :func:`store_report`), :func:`customer_directory` (whether Stripe has a customer),
+  :func:`receive_report`), :func:`customer_directory` (whether Stripe has a customer),
   :func:`check_customers` (whether tenants may be mapped to customers: asked before a mapping),
   :func:`reconcile` and :class:`Reconciler`, :func:`cancel_events` — the exchanges with
   Stripe after its 200 (meters, error reports, reconciliation, cancel);
@@ -33,12 +33,11 @@ from .reconciler import Reconciler, reconcile
 from .report_writer import ReportBusy
 from .report_writer import prepare as prepare_report
 from .rescuer import Rescuer
-from .stripe_events import EventPoller, PollSummary, event_poller
-from .stripe_events import store as store_report
+from .stripe_events import EventPoller, PollSummary, event_poller, receive_report
 
 __all__ = ["CancelOutcome", "DrainSummary", "Drainer", "EventPoller", "Maintenance",
            "MeterRefresher", "PollSummary", "RECONCILE_LEASE_SECONDS", "Reconciler",
            "ReportBusy", "Rescuer", "RollupFolder", "Scheduled", "cancel_events",
            "check_customers", "customer_directory", "event_poller", "freeze_startup_objects",
-           "gateway_from", "prepare_report", "reconcile", "run_drainer", "services_for",
-           "store_report", "stripe_customers"]
+           "gateway_from", "prepare_report", "receive_report", "reconcile", "run_drainer",
+           "services_for", "stripe_customers"]

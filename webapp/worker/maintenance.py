@@ -17,7 +17,7 @@ from sqlalchemy import Engine
 from ..config import Settings
 from ..models import utcnow
 from ..stripe_gateway import StripeCallFailed, StripeGateway
-from . import folder, parker, pruner, reconciler, reporter, rescuer
+from . import deferrer, folder, pruner, reconciler, reporter, rescuer
 from .meters import MeterRefresher
 from .stripe_events import event_poller
 
@@ -43,7 +43,7 @@ class Scheduled:
 def services_for(engine: Engine, settings: Settings, gateway: StripeGateway | None, *,
                  clock: Callable[[], datetime] = utcnow) -> list[Scheduled]:
     """The maintenance a draining process runs, with each service's cadence: the rescuer,
-    the rollup folder, the pruner, the usage reporter and the parker of unmapped tenants'
+    the rollup folder, the pruner, the usage reporter and the deferrer of unmapped tenants'
     events always; with a gateway (``STRIPE_API_KEY`` set), reading Stripe's meters, its error
     reports, and reconciling when due."""
     out = [Scheduled(rescuer.Rescuer(engine, clock=clock), rescuer.interval_seconds(settings)),
@@ -52,7 +52,7 @@ def services_for(engine: Engine, settings: Settings, gateway: StripeGateway | No
            Scheduled(pruner.Pruner(engine, settings, clock=clock),
                      settings.prune_interval_seconds),
            Scheduled(reporter.UsageReporter(engine, clock=clock), reporter.INTERVAL_SECONDS),
-           Scheduled(parker.Parker(engine, clock=clock), parker.INTERVAL_SECONDS)]
+           Scheduled(deferrer.Deferrer(engine, clock=clock), deferrer.INTERVAL_SECONDS)]
     if gateway is None:
         return out
     meters = MeterRefresher(engine, gateway, clock=clock)

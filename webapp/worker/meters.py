@@ -15,7 +15,7 @@ from sqlalchemy import Engine
 
 from ..db import reading
 from ..models import utcnow
-from ..outbox import meters, sync
+from ..outbox import meters, stripe_runs
 from ..outbox.meters import MeterInfo
 from ..outbox.states import CallResult, Outcome
 from ..stripe_gateway import StripeCallFailed, StripeGateway
@@ -45,16 +45,17 @@ class MeterRefresher:
         try:
             listed = self.source.list_meters()
         except Exception as exc:
-            sync.record_run(self.engine, sync.METERS, ok=False, detail=str(exc), now=now)
+            stripe_runs.record_run(self.engine, stripe_runs.METERS, ok=False, detail=str(exc),
+                                   now=now)
             raise
         stored = meters.store_meters(self.engine, listed, now=now)
         refused = (f", {len(stored.refused)} refused: " + "; ".join(stored.refused)
                    if stored.refused else "")
         held = (f", {stored.pre_aggregated} pre-aggregated (not sent to)"
                 if stored.pre_aggregated else "")
-        sync.record_run(self.engine, sync.METERS, ok=True, now=now,
-                        detail=f"{len(listed)} meters listed, {stored.active} active{held}"
-                        f"{refused}")
+        stripe_runs.record_run(self.engine, stripe_runs.METERS, ok=True, now=now,
+                               detail=f"{len(listed)} meters listed, {stored.active} active"
+                               f"{held}{refused}")
         return stored.active
 
 
@@ -84,7 +85,7 @@ class MeterCatalog:
                     and not (retry and not self._active):
                 return self._active
             with reading(self.engine) as conn:
-                never = sync.sync_status(conn, sync.METERS).ok is not True
+                never = stripe_runs.run_status(conn, stripe_runs.METERS).ok is not True
                 self._active = meters.active_meters(conn)
             self._read_at = now
             if never and (retry or self._refreshed_at is None

@@ -19,7 +19,7 @@ from ..config import Settings
 from ..db import reading
 from ..models import utcnow
 from ..outbox import reconciliation as recon
-from ..outbox import sync
+from ..outbox import stripe_runs
 from ..outbox.meters import MeterInfo, known_meters
 from ..outbox.states import Outcome
 from ..stripe_gateway import StripeCallFailed, StripeGateway
@@ -150,8 +150,8 @@ class Reconciler:
         now = self.clock()
         if not self.due(now):
             return None
-        if not sync.take_lease(self.engine, sync.RECONCILE, owner=self.owner, now=now,
-                               seconds=LEASE_SECONDS):
+        if not stripe_runs.take_lease(self.engine, stripe_runs.RECONCILE, owner=self.owner,
+                                      now=now, seconds=LEASE_SECONDS):
             return None
         try:
             run = reconcile(self.engine, self.source, self.settings, trigger="schedule",
@@ -161,9 +161,9 @@ class Reconciler:
                 "reconciliation %s: %d buckets checked, %d pending, %d mismatches, %d errors, "
                 "%d calls", run.id, run.comparison.checked, run.comparison.pending, found,
                 len(run.errors), run.calls)
-            sync.record_run(self.engine, sync.RECONCILE, ok=run.ok, now=now,
-                            detail=f"{len(run.comparison.mismatches)} mismatches, "
-                                   f"{run.comparison.pending} pending")
+            stripe_runs.record_run(self.engine, stripe_runs.RECONCILE, ok=run.ok, now=now,
+                                   detail=f"{len(run.comparison.mismatches)} mismatches, "
+                                          f"{run.comparison.pending} pending")
             return run
         finally:
-            sync.drop_lease(self.engine, sync.RECONCILE, owner=self.owner)
+            stripe_runs.drop_lease(self.engine, stripe_runs.RECONCILE, owner=self.owner)

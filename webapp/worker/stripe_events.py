@@ -16,7 +16,7 @@ from sqlalchemy import Engine
 from ..config import Settings
 from ..db import reading
 from ..models import utcnow
-from ..outbox import rejections, sync
+from ..outbox import rejections, stripe_runs
 from ..outbox.customers import CustomerCheck
 from ..outbox.error_reports import REPORT_TYPES, StripeReport
 from ..stripe_gateway import StripeGateway
@@ -41,13 +41,14 @@ class PollSummary:
         return {"events": self.events, "rejected": self.rejected, "unmatched": self.unmatched}
 
 
-def store(engine: Engine, report: StripeReport, *, source: str, now: datetime,
-          on_meter_codes: Callable[[], object] | None = None,
-          customers: CustomerDirectory | None = None) -> rejections.Applied:
-    """Store one report and apply it; a report that says a meter is missing makes the
-    meters be read again (``on_meter_codes``); Stripe is first asked about the customers the
-    report may be about (``customers``, see :func:`ask_customers`). One pushed report; a poll
-    stores its reports in chunks and logs a summary."""
+def receive_report(engine: Engine, report: StripeReport, *, source: str, now: datetime,
+                   on_meter_codes: Callable[[], object] | None = None,
+                   customers: CustomerDirectory | None = None) -> rejections.Applied:
+    """Take in one pushed report: Stripe is first asked about the customers the report may be
+    about (``customers``, see :func:`ask_customers`), then the report is stored and applied
+    (:func:`webapp.outbox.rejections.store_report`) and logged; a report that says a meter is
+    missing makes the meters be read again (``on_meter_codes``). A poll stores its reports in
+    chunks instead and logs a summary."""
     applied = rejections.store_report(engine, report, source=source, now=now,
                                       customers=ask_customers(engine, [report], customers))
     if applied.stored:
@@ -163,7 +164,8 @@ class EventPoller:
                     if chunk:      # what was read before a failure is kept, in order
                         flush()
         except Exception as exc:
-            sync.record_run(self.engine, sync.EVENTS, ok=False, detail=str(exc), now=now)
+            stripe_runs.record_run(self.engine, stripe_runs.EVENTS, ok=False, detail=str(exc),
+                                   now=now)
             raise
         if meters_named is not None and self.on_meter_codes is not None:
             _read_meters(self.on_meter_codes, meters_named)      # once a poll, not per report
@@ -172,9 +174,9 @@ class EventPoller:
             log.warning("Stripe reported events invalid after accepting them: %d rejected, "
                         "%d samples not ours (%d new reports)", summary.rejected,
                         summary.unmatched, summary.events)
-        sync.record_run(self.engine, sync.EVENTS, ok=True,
-                        detail=f"{summary.events} new events, {summary.rejected} rejected, "
-                               f"{summary.unmatched} unmatched samples", now=now)
+        stripe_runs.record_run(self.engine, stripe_runs.EVENTS, ok=True,
+                               detail=f"{summary.events} new events, {summary.rejected} "
+                               f"rejected, {summary.unmatched} unmatched samples", now=now)
         return summary
 
 

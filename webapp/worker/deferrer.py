@@ -1,5 +1,5 @@
-"""The parker: keeps the events that cannot be sent yet (a tenant without a Stripe customer,
-a meter Stripe does not have) out of the claim's way (see :mod:`webapp.outbox.waiting`). A
+"""The deferrer: keeps the events that cannot be sent yet (a tenant without a Stripe customer,
+a meter Stripe does not have) out of the claim's way (see :mod:`webapp.outbox.deferred`). A
 maintenance service: ``run_once()`` first makes due again the put-off events that can be sent
 by now (a mapping and a listing of Stripe's meters do that themselves; this catches a tenant
 mapped by hand in the database), then puts off those that have been due for a while."""
@@ -13,18 +13,18 @@ from datetime import datetime
 from sqlalchemy import Engine
 
 from ..models import utcnow
-from ..outbox.waiting import defer_unsendable, undefer_sendable
+from ..outbox.deferred import defer_unsendable, undefer_sendable
 
 log = logging.getLogger(__name__)
 
-#: How often a scheduler calls :meth:`Parker.run_once`.
+#: How often a scheduler calls :meth:`Deferrer.run_once`.
 INTERVAL_SECONDS = 60.0
 
 
-class Parker:
+class Deferrer:
     """Puts off events that cannot be sent; makes them due again once they can be."""
 
-    name = "park-waiting"
+    name = "defer-unsendable"
 
     def __init__(self, engine: Engine, *, clock: Callable[[], datetime] = utcnow) -> None:
         self.engine = engine
@@ -42,4 +42,4 @@ class Parker:
         return parked
 
 
-__all__ = ["INTERVAL_SECONDS", "Parker"]
+__all__ = ["INTERVAL_SECONDS", "Deferrer"]

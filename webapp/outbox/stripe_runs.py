@@ -18,7 +18,7 @@ RECONCILE = "reconcile"
 
 
 @dataclass(frozen=True)
-class SyncStatus:
+class RunStatus:
     name: str
     ran_at: datetime | None
     ok: bool | None
@@ -40,13 +40,13 @@ def record_run(engine: Engine, name: str, *, ok: bool, detail: str | None,
                      .values(ran_at=now, ok=ok, detail=fit(SYNC_STATE.c.detail, detail or None)))
 
 
-def sync_status(conn: Connection, name: str) -> SyncStatus:
+def run_status(conn: Connection, name: str) -> RunStatus:
     """When ``name`` last ran and how it went (never: all None)."""
     row = conn.execute(select(SYNC_STATE.c.ran_at, SYNC_STATE.c.ok, SYNC_STATE.c.detail)
                        .where(SYNC_STATE.c.name == name)).first()
     if row is None:
-        return SyncStatus(name, None, None, None)
-    return SyncStatus(name, as_utc(row.ran_at), row.ok, row.detail)
+        return RunStatus(name, None, None, None)
+    return RunStatus(name, as_utc(row.ran_at), row.ok, row.detail)
 
 
 def lease_holder(conn: Connection, name: str, *, now: datetime) -> str | None:

@@ -1,6 +1,6 @@
 """Events of tenants without a Stripe customer are put off once they have been due for a
 while, so the claim and the status line's sample stop walking past them; mapping the tenant
-(one at a time, by import, or by hand in the database and then the parker) makes them due at
+(one at a time, by import, or by hand in the database and then the deferrer) makes them due at
 once."""
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from webapp.db import reading
 from webapp.models import OutboxEvent, Tenant
 from webapp.outbox.claims import claim_batch
 from webapp.outbox.customers import CustomerVerdicts
+from webapp.outbox.deferred import DEFER_AFTER, DEFER_FOR, defer_unsendable, waits_for
 from webapp.outbox.meters import MeterInfo, active_meters, known_meters, store_meters
 from webapp.outbox.operations import set_tenant
-from webapp.outbox.sync import METERS, record_run
+from webapp.outbox.stripe_runs import METERS, record_run
 from webapp.outbox.tenant_import import import_mappings, read_file
-from webapp.outbox.waiting import DEFER_AFTER, DEFER_FOR, defer_unsendable, waits_for
 from webapp.read.health import SAMPLE, health
-from webapp.worker.parker import Parker
+from webapp.worker.deferrer import Deferrer
 
 T = OutboxEvent.__table__
 
@@ -66,16 +66,16 @@ def test_the_parker_wakes_events_of_a_tenant_mapped_by_hand(engine: Engine, seed
                                                             now: Any) -> None:
     long_ago = now - DEFER_AFTER - timedelta(minutes=1)
     event = seed.event(tenant_id="late", next_attempt_at=long_ago, now=long_ago)
-    assert Parker(engine, clock=lambda: now).run_once() == 1
+    assert Deferrer(engine, clock=lambda: now).run_once() == 1
     assert due_at(engine, [event])[event] == now + DEFER_FOR
-    # Due again when that time comes, and put off again at the parker's next turn (not
+    # Due again when that time comes, and put off again at the deferrer's next turn (not
     # after another DEFER_AFTER of claims walking past it).
     again = now + DEFER_FOR
-    assert Parker(engine, clock=lambda: again).run_once() == 1
+    assert Deferrer(engine, clock=lambda: again).run_once() == 1
     assert due_at(engine, [event])[event] == again + DEFER_FOR
     seed.tenant("late", "cus_late")  # straight into the table, past set_tenant
     later = now + timedelta(minutes=1)
-    assert Parker(engine, clock=lambda: later).run_once() == 0
+    assert Deferrer(engine, clock=lambda: later).run_once() == 0
     assert due_at(engine, [event])[event] == later
 
 
@@ -99,7 +99,7 @@ def test_the_status_line_sees_a_stall_behind_many_unmapped_events(engine: Engine
     with reading(engine) as conn:
         before = health(conn, now=now, api_key_here=True)
     assert before.state == "stalled" and before.due == 1, before
-    assert Parker(engine, clock=lambda: now).run_once() == SAMPLE + 1
+    assert Deferrer(engine, clock=lambda: now).run_once() == SAMPLE + 1
     with reading(engine) as conn:
         after = health(conn, now=now, api_key_here=True)
     assert after.state == "stalled" and after.due == 1, after
@@ -128,9 +128,9 @@ def test_events_of_a_missing_meter_are_put_off_until_a_listing_shows_it(
         line = health(conn, now=now, api_key_here=True)
     assert (line.state, line.meter) == ("stalled", "storage_gb"), line  # the other one waits
     assert "Also, 1 event waits for the meter “storage_gb”" in line.detail
-    # The parker's waking pass leaves it put off: its tenant is mapped, its meter still missing.
+    # The deferrer's waking pass leaves it put off: its tenant is mapped, its meter still missing.
     later = now + timedelta(minutes=1)
-    assert Parker(engine, clock=lambda: later).run_once() == 0
+    assert Deferrer(engine, clock=lambda: later).run_once() == 0
     assert due_at(engine, [missing])[missing] == now + DEFER_FOR
     # A listing that shows the meter makes it due in the listing's own transaction.
     store_meters(engine, [MeterInfo("api_requests", "mtr_a", "active"),
@@ -156,7 +156,7 @@ def test_no_meter_is_put_off_unless_the_last_listing_succeeded(engine: Engine, s
     assert defer_unsendable(engine, now=now) == 1
     # The listing fails again: the waking pass makes it due (the drainer decides).
     record_run(engine, METERS, ok=False, detail="down", now=now)
-    assert Parker(engine, clock=lambda: now).run_once() == 0
+    assert Deferrer(engine, clock=lambda: now).run_once() == 0
     assert due_at(engine, [event])[event] == now
 
 
@@ -170,7 +170,7 @@ METER_CASES = {"plain": ("active", None), "off": ("inactive", None),
 
 def test_sql_and_python_pick_the_same_meters_to_send_to(engine: Engine, seed: Any,
                                                         now: Any) -> None:
-    """Whether an event's meter may be sent to is asked in SQL (the parker, an event's page,
+    """Whether an event's meter may be sent to is asked in SQL (the deferrer, an event's page,
     a listing's wake-up) and in Python (the drainer's meters, the status line): both say yes
     for the ordinary active meter only — not for an inactive one, a missing one, or an active
     or inactive one with a time window."""
@@ -215,7 +215,7 @@ def test_a_pre_aggregated_meters_events_wait_until_a_listing_shows_it_ordinary(
     store_meters(engine, [MeterInfo("seats", "mtr_1", "active", event_time_window="day")],
                  now=now)
     record_run(engine, METERS, ok=True, detail=None, now=now)
-    assert Parker(engine, clock=lambda: now).run_once() == 1
+    assert Deferrer(engine, clock=lambda: now).run_once() == 1
     assert due_at(engine, [event])[event] == now + DEFER_FOR
     later = now + timedelta(minutes=1)
     stored = store_meters(engine, [MeterInfo("seats", "mtr_1", "inactive",
