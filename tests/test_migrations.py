@@ -63,3 +63,31 @@ def statistics(engine: Engine) -> dict[str, set[str]]:
             "WHERE s.stxnamespace = current_schema()::regnamespace "
             "AND s.stxrelid = 'stripe_usage_outbox'::regclass GROUP BY s.stxname")).all()
     return {name: set(columns) for name, columns in rows}
+
+
+def test_0021_adds_up_the_days_already_kept(db_url: str) -> None:
+    """A database reconciled before 0021 shows the same per-meter figures after it."""
+    engine = make_engine(db_url)
+    try:
+        cfg = alembic_config(engine)
+        with engine.begin() as conn:
+            cfg.attributes["connection"] = conn
+            command.downgrade(cfg, "0020")
+        with engine.begin() as conn:
+            conn.execute(text(
+                "INSERT INTO reconciled_days (stripe_customer_id, meter, day, formula, ours, "
+                "stripe, compared_at, run_id) VALUES "
+                "('cus_a', 'calls', '2026-11-02', 'sum', 5, 5, '2026-11-04 01:00:00', 1), "
+                "('cus_b', 'calls', '2026-11-02', 'sum', 7, 9, '2026-11-04 02:00:00', 1), "
+                "('cus_a', 'calls', '2026-11-03', 'sum', 1, 0, '2026-11-04 01:00:00', 1), "
+                "('cus_a', 'seats', '2026-11-02', 'sum', 2, 2, '2026-11-04 01:00:00', 1)"))
+        upgrade(engine)
+        with engine.connect() as conn:
+            rows = conn.execute(text(
+                "SELECT meter, day, ours, stripe, customer_days FROM reconciled_meter_days "
+                "ORDER BY meter, day")).all()
+        assert [tuple(r) for r in rows] == [("calls", "2026-11-02", 12, 14.0, 2),
+                                            ("calls", "2026-11-03", 1, 0.0, 1),
+                                            ("seats", "2026-11-02", 2, 2.0, 1)]
+    finally:
+        engine.dispose()

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from conftest import cli, make_settings, worker_env
-from sqlalchemy import Engine, select, update
+from sqlalchemy import Engine, func, select, text, update
 from sqlalchemy.orm import Session
 from support.fake_stripe import FakeStripe
 
@@ -294,3 +294,43 @@ def test_the_cancel_command_keeps_and_prints_stripes_answer_for_each_event(
     assert note == (f"twice\nStripe answered: event {a}: adjustment {expected[a][0]}, id "
                     f"{expected[a][1]}; event {b}: adjustment {expected[b][0]}, id "
                     f"{expected[b][1]}")
+
+
+def _meter_days_from_days(engine: Engine) -> tuple[list[Any], list[Any]]:
+    with engine.connect() as conn:
+        kept = conn.execute(text(
+            "SELECT meter, day, ours, stripe, customer_days FROM reconciled_meter_days "
+            "ORDER BY meter, day")).all()
+        summed = conn.execute(text(
+            "SELECT meter, day, sum(ours), sum(stripe), count(*) FROM reconciled_days "
+            "GROUP BY meter, day ORDER BY meter, day")).all()
+    return [tuple(r) for r in kept], [tuple(r) for r in summed]
+
+
+def test_each_meters_days_are_kept_added_up_as_runs_replace_them(
+        engine: Engine, fake: FakeStripe, settings: Any, history: list[int]) -> None:
+    """The per-meter figures under the usage table read ``reconciled_meter_days``: every
+    customer's compared day of a meter, added up in the run's transaction, replaced as a
+    later run replaces the days."""
+    from webapp.read.compared import compared_for, meter_totals
+
+    gateway = gateway_from(settings)
+    assert gateway is not None
+    reconcile(engine, gateway, settings, trigger="cli", now=later())
+    kept, summed = _meter_days_from_days(engine)
+    assert kept == summed and len(kept) == 9  # 3 meters x 3 days
+    fake.add_usage("cus_acme", "api_requests", int(day_start(2).timestamp()) + 60, 40)
+    reconcile(engine, gateway, settings, trigger="cli", now=later())
+    kept, summed = _meter_days_from_days(engine)
+    assert kept == summed
+    assert dict(((m, d), s) for m, d, _o, s, _n in kept)[
+        ("api_requests", day_start(2).date().isoformat())] == 7 + 7 + 40
+    start, end = day_start(3).date(), day_start(1).date()
+    with engine.connect() as conn:
+        c = compared_for(conn, start, end)
+        expected = {str(m): (float(s), int(o), int(d)) for m, s, o, d in conn.execute(
+            select(c.c.meter, func.sum(c.c.stripe_units), func.sum(c.c.compared_units),
+                   func.sum(c.c.compared_days)).group_by(c.c.meter))}
+        assert meter_totals(conn, start, end) == expected
+    # acme 4 + 7 + 10, globex 7 a day; Stripe holds 40 more of acme on the second day.
+    assert expected["api_requests"] == (21.0 + 21 + 40, 21 + 21, 6)

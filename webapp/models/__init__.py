@@ -31,6 +31,7 @@ from .rollups import (
 )
 from .stripe_sync import (
     ReconciledDay,
+    ReconciledMeterDay,
     ReconciledMonth,
     ReconciliationMismatch,
     ReconciliationRun,
@@ -48,7 +49,8 @@ __all__ = [
     "AttemptRollup", "AuditEntry", "AuditEvent",
     "Base", "BigID", "Control", "DeliveryAttempt", "DrainerHeartbeat", "LoginThrottle",
     "OutboxEvent",
-    "PrunedUsageRollup", "ReconciledDay", "ReconciledMonth", "ReconciliationMismatch",
+    "PrunedUsageRollup", "ReconciledDay", "ReconciledMeterDay", "ReconciledMonth",
+    "ReconciliationMismatch",
     "ReconciliationRun", "RollupState", "SentUsageDay", "SentUsageMonthly", "SentUsageRollup",
     "SentUsageYearly",
     "StripeCustomerCheck", "StripeErrorSample", "StripeEvent",

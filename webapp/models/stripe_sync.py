@@ -187,6 +187,20 @@ class ReconciledMonth(Base):
     compared_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
+class ReconciledMeterDay(Base):
+    """Every customer's compared day of one meter added up (migration 0021, written with the
+    days): a period's per-meter figures read a row per meter and day."""
+
+    __tablename__ = "reconciled_meter_days"
+
+    meter: Mapped[str] = mapped_column(String(100), primary_key=True)
+    day: Mapped[str] = mapped_column(String(10), primary_key=True)
+    ours: Mapped[int] = mapped_column(BigInteger)
+    stripe: Mapped[float] = mapped_column(Float)
+    customer_days: Mapped[int] = mapped_column(Integer)
+    compared_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
 class ReconciliationMismatch(Base):
     """A bucket where Stripe's total and ours differ."""
 

@@ -32,6 +32,7 @@ from sqlalchemy import (
 from ..models import fit, fit_json_list
 from .sql import (
     RECON_DAYS,
+    RECON_METER_DAYS,
     RECON_MISMATCHES,
     RECON_MONTHS,
     RECON_RUNS,
@@ -289,7 +290,8 @@ def store_run(engine: Engine, run: RunRecord) -> int:
 def keep_days(conn: Connection, run_id: int, days: list[ComparedDay], *,
               at: datetime) -> None:
     """Keep what a run compared, day by day (replacing an earlier comparison of the same
-    customer, meter and day), and add the months it touched up again from their days."""
+    customer, meter and day), and add the months and the meters' days it touched up again
+    from their days."""
     if not days:
         return
     D, M = RECON_DAYS.c, RECON_MONTHS.c  # noqa: N806 - table columns
@@ -319,6 +321,15 @@ def keep_days(conn: Connection, run_id: int, days: list[ComparedDay], *,
                 .where(tuple_(D.stripe_customer_id, D.meter).in_(chunk),
                        D.day >= f"{month}-01", D.day <= f"{month}-31")
                 .group_by(D.stripe_customer_id, D.meter)))
+    # Every customer of each (meter, day) touched, added up again (``ix_reconciled_days_day``).
+    MD = RECON_METER_DAYS.c  # noqa: N806 - table columns
+    for meter, day in sorted({(r["meter"], r["day"]) for r in rows}):
+        conn.execute(delete(RECON_METER_DAYS).where(MD.meter == meter, MD.day == day))
+        conn.execute(insert(RECON_METER_DAYS).from_select(
+            ["meter", "day", "ours", "stripe", "customer_days", "compared_at"],
+            select(D.meter, D.day, int_sum(D.ours), func.sum(D.stripe), func.count(),
+                   func.max(D.compared_at)).where(D.day == day, D.meter == meter)
+            .group_by(D.meter, D.day)))
 
 
 def last_run_started(conn: Connection, *, trigger: str | None = None) -> datetime | None:

@@ -51,6 +51,7 @@ from ..models import (
     OutboxEvent,
     PrunedUsageRollup,
     ReconciledDay,
+    ReconciledMeterDay,
     ReconciledMonth,
     ReconciliationMismatch,
     ReconciliationRun,
@@ -99,6 +100,7 @@ RECON_RUNS = cast(Table, ReconciliationRun.__table__)
 RECON_MISMATCHES = cast(Table, ReconciliationMismatch.__table__)
 RECON_DAYS = cast(Table, ReconciledDay.__table__)
 RECON_MONTHS = cast(Table, ReconciledMonth.__table__)
+RECON_METER_DAYS = cast(Table, ReconciledMeterDay.__table__)
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 

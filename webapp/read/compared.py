@@ -10,12 +10,13 @@ says so: not compared yet. Reconciliation compares a whole UTC day once it has s
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import date, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Float, cast, func, literal, null, select, union_all
+from sqlalchemy import Connection, Float, cast, func, literal, null, select, tuple_, union_all
 
-from ..outbox.sql import RECON_DAYS, RECON_MONTHS, int_sum
+from ..outbox.sql import RECON_DAYS, RECON_METER_DAYS, RECON_MONTHS, int_sum
 
 #: The columns :func:`compared_for` gives, beside ``customer`` and ``meter``.
 COLUMNS = ("stripe_units", "compared_units", "compared_days", "compared_at")
@@ -90,10 +91,33 @@ def joined(rows: Any, compared: Any) -> Any:
         compared.c.meter == rows.c.meter)
 
 
+def compared_of(conn: Connection, pairs: Iterable[tuple[str | None, str]], start: date,
+                end: date) -> dict[tuple[str, str], dict[str, Any]]:
+    """:data:`COLUMNS` for each (customer, meter) of ``pairs`` (a page's rows) over UTC days
+    ``start``…``end``, read from their days (a range of the primary key each); a pair none of
+    whose days was compared is left out. As :func:`compared_for` gives them, for a few rows."""
+    wanted = sorted({(c, m) for c, m in pairs if c})
+    D = RECON_DAYS.c  # noqa: N806 - table columns
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for i in range(0, len(wanted), 500):
+        for row in conn.execute(
+                select(D.stripe_customer_id, D.meter,
+                       func.sum(cast(D.stripe, Float)).label("stripe_units"),
+                       int_sum(D.ours).label("compared_units"),
+                       func.count().label("compared_days"),
+                       func.max(D.compared_at).label("compared_at"))
+                .where(tuple_(D.stripe_customer_id, D.meter).in_(wanted[i:i + 500]),
+                       D.day >= start.isoformat(), D.day <= end.isoformat())
+                .group_by(D.stripe_customer_id, D.meter)).mappings():
+            out[(row["stripe_customer_id"], row["meter"])] = {c: row[c] for c in COLUMNS}
+    return out
+
+
 def meter_totals(conn: Connection, start: date, end: date) -> dict[str, tuple[float, int, int]]:
     """What was compared on the period's days, per meter (every customer): Stripe's figure,
-    ours then, and how many customer-days."""
-    c = compared_for(conn, start, end)
+    ours then, and how many customer-days (``reconciled_meter_days``: a row per meter and
+    day)."""
+    MD = RECON_METER_DAYS.c  # noqa: N806 - table columns
     return {str(m): (float(s or 0), int(o or 0), int(d or 0)) for m, s, o, d in conn.execute(
-        select(c.c.meter, func.sum(c.c.stripe_units), int_sum(c.c.compared_units),
-               int_sum(c.c.compared_days)).group_by(c.c.meter))}
+        select(MD.meter, func.sum(MD.stripe), int_sum(MD.ours), int_sum(MD.customer_days))
+        .where(MD.day >= start.isoformat(), MD.day <= end.isoformat()).group_by(MD.meter))}

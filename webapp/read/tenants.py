@@ -23,7 +23,8 @@ from ..outbox.sql import (
     status_in,
     status_is,
 )
-from .compared import compared_columns, compared_for, joined
+from .compared import COLUMNS as COMPARED
+from .compared import compared_columns, compared_for, compared_of, joined
 from .paging import Cursor, Page, keyset
 from .series import Bucket, sent_by_occurrence_day
 from .usage_sources import USAGE_STATUSES, bytewise, many_rows, per_row
@@ -108,10 +109,18 @@ def usage_in(conn: Connection, *, start: date, end: date,
     if tenant_id is None:
         many_rows(conn)
     per = per_row(conn, start, end, tenant_id, in_flight_apart=in_flight_apart).subquery()
-    # Fetched whole (one call, not one per row).
-    rows = usage_rows(conn.execute(usage_select(conn, per, statuses,
-                                                compared_for(conn, start, end))).all(),
-                      statuses)
+    if tenant_id is None:
+        # Fetched whole (one call, not one per row), every customer's comparison joined.
+        return Usage(start, end, usage_rows(conn.execute(usage_select(
+            conn, per, statuses, compared_for(conn, start, end))).all(), statuses))
+    # One tenant's few rows: what was compared of them, read for them alone.
+    rows = usage_rows(conn.execute(usage_select(conn, per, statuses)).all(), statuses)
+    compared = compared_of(conn, [(r.stripe_customer_id, r.meter) for r in rows], start, end)
+    for r in rows:
+        c = compared.get((r.stripe_customer_id or "", r.meter))
+        if c is not None:
+            r.stripe_units, r.compared_units, r.compared_days, r.compared_at = _compared(
+                [c[k] for k in COMPARED])
     return Usage(start, end, rows)
 
 

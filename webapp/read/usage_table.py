@@ -10,7 +10,7 @@ them all) and sends 50 to the browser; no statement carries one parameter per te
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from typing import Any
@@ -37,8 +37,7 @@ from ..outbox.sql import (
     ascii_icontains,
     int_sum,
 )
-from .compared import COLUMNS as COMPARED
-from .compared import compared_columns, compared_for, joined, meter_totals
+from .compared import compared_for, compared_of, meter_totals
 from .counts import Freshness, UnmappedTenant, rollup_freshness
 from .mappings import waiting_for_customer
 from .reconciliation import RunSummary, last_run
@@ -146,10 +145,13 @@ def _row(m: Any) -> UsageRow:
     return r
 
 
-def _with_compared(page: Any, compared: Any) -> Any:
-    """A page's rows with what was compared of each (only the page's rows are joined)."""
-    return (select(page, *compared_columns(compared))
-            .select_from(page.outerjoin(compared, joined(page, compared))).subquery())
+def _compared_rows(conn: Connection, page: Sequence[Any], query: UsageQuery) -> list[UsageRow]:
+    """A page's rows, each with what was compared of it over the period (read for the page's
+    rows only: a few primary-key ranges, whatever the number of customers)."""
+    compared = compared_of(conn, [(m["stripe_customer_id"], m["meter"]) for m in page],
+                           query.start, query.end)
+    return [_row({**m, **compared.get((m["stripe_customer_id"], m["meter"]), {})})
+            for m in page]
 
 
 def _by_meter(rows: Any) -> dict[str, UsageRow]:
@@ -225,18 +227,15 @@ def usage_table(conn: Connection, query: UsageQuery) -> UsageTable:
                 .select_from(page.outerjoin(TENANTS, TENANTS.c.tenant_id == as_stored(
                     conn, page.c.tenant_id)))
                 .subquery())
-    compared = compared_for(conn, query.start, query.end)
-    page = _with_compared(page, compared)
     # The page first: its columns' types are the union's (PostgreSQL types the NULLs of the
     # totals' rows from it). The totals: a row per meter.
     blank = [null().label(c) for c in ("stripe_customer_id", "name")]
-    no_comparison = [null().label(c) for c in COMPARED]
     parts = union_all(
         select(page),
         select(literal(0).label("part"), *none, per.c.meter, *blank, func.count().label("n"),
-               *sums, *no_comparison).group_by(per.c.meter),
+               *sums).group_by(per.c.meter),
         select(literal(1).label("part"), *none, per.c.meter, *blank, func.count().label("n"),
-               *sums, *no_comparison).where(*where).group_by(per.c.meter),
+               *sums).where(*where).group_by(per.c.meter),
     ).subquery()
     last = bytewise(conn, parts.c.sort_key) if query.sort == "tenant" else parts.c.sort_key
     got = conn.execute(select(parts).order_by(
@@ -246,7 +245,8 @@ def usage_table(conn: Connection, query: UsageQuery) -> UsageTable:
     everything = [m for m in got if m["part"] == 0]
     matching = [m for m in got if m["part"] == 1]
     rows = [m for m in got if m["part"] == 2]
-    return UsageTable(query, [_row(m) for m in rows], sum(int(m["n"]) for m in everything),
+    return UsageTable(query, _compared_rows(conn, rows, query),
+                      sum(int(m["n"]) for m in everything),
                       sum(int(m["n"]) for m in matching), _by_meter(everything),
                       _by_meter(matching), meter_totals(conn, query.start, query.end))
 
@@ -271,20 +271,20 @@ def report_table(conn: Connection, query: UsageQuery, report: Report) -> UsageTa
                    *[r.c[c] for c in _columns()], func.row_number().over(order_by=order)
                    .label("place")).where(*where).order_by(*order)
             .limit(query.per_page).offset((query.page - 1) * query.per_page).subquery())
-    shown = _with_compared(rows, compared_for(conn, query.start, query.end))
-    page = conn.execute(select(shown).order_by(shown.c.place)).mappings().all()
+    page = _compared_rows(conn, conn.execute(select(rows).order_by(rows.c.place))
+                          .mappings().all(), query)
     everything = {m: _row({"tenant_id": None, "meter": m, **t})
                   for m, t in sorted(report.meter_totals.items())}
     totals = meter_totals(conn, query.start, query.end)
     if not query.filtered():
-        return UsageTable(query, [_row(m) for m in page], report.rows, report.rows, everything,
-                          everything, totals)
+        return UsageTable(query, page, report.rows, report.rows, everything, everything,
+                          totals)
     got = conn.execute(select(r.c.meter, func.count().label("n"), *[
         int_sum(r.c[c]).label(c) for c in _columns()]).where(*where)
         .group_by(r.c.meter)).mappings().all()
     matching = _by_meter([{"tenant_id": None, **m} for m in got])
-    return UsageTable(query, [_row(m) for m in page], report.rows,
-                      sum(int(m["n"]) for m in got), everything, matching, totals)
+    return UsageTable(query, page, report.rows, sum(int(m["n"]) for m in got), everything,
+                      matching, totals)
 
 
 def usage_rows_streamed(engine: Engine, *, start: date, end: date,
