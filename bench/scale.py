@@ -153,7 +153,8 @@ def run(db: BenchDatabase, *, events: int, runs: int, log: Any = print,
         t0 = time.perf_counter()
         dashboard.maintain(engine, "VACUUM (ANALYZE)",
                            dashboard.LOADED_TABLES + dashboard.ROLLUP_TABLES
-                           + ("reconciled_days", "reconciled_months"))
+                           + ("reconciled_days", "reconciled_months",
+                              "reconciled_meter_days"))
         vacuum_s = time.perf_counter() - t0
         counts = dashboard.table_counts(engine)
         res.raw.update(load_seconds=times, fold_seconds=fold_s, vacuum_seconds=vacuum_s,
@@ -409,8 +410,8 @@ def year_parts(engine: Any, start: Any, end: Any, runs: int) -> tuple[Figure, Fi
 
 def seed_reconciled(engine: Any, now: Any) -> int:
     """Keep, as a daily reconciliation does, a comparison of every customer, meter and UTC
-    day of the last 35 with sent usage (Stripe agreeing), and its months added up; how many
-    days. Set-based, from the daily sent rollup."""
+    day of the last 35 with sent usage (Stripe agreeing), its months and its meters' days
+    added up; how many days. Set-based, from the daily sent rollup."""
     first = (now - timedelta(days=35)).date().isoformat()
     with engine.begin() as conn:
         n = conn.execute(text(
@@ -424,6 +425,10 @@ def seed_reconciled(engine: Any, now: Any) -> int:
             "days, compared_at) SELECT stripe_customer_id, meter, substr(day, 1, 7), sum(ours), "
             "sum(stripe), count(*), max(compared_at) FROM reconciled_days "
             "GROUP BY stripe_customer_id, meter, substr(day, 1, 7)"))
+        conn.execute(text(
+            "INSERT INTO reconciled_meter_days (meter, day, ours, stripe, customer_days, "
+            "compared_at) SELECT meter, day, sum(ours), sum(stripe), count(*), "
+            "max(compared_at) FROM reconciled_days GROUP BY meter, day"))
     return int(n or 0)
 
 
