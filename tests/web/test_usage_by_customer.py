@@ -334,3 +334,31 @@ def shared_customer(engine: Engine, settings: Any, tenant_id: str | None = None)
                          now=utcnow() + timedelta(hours=2))
     finally:
         gateway.close()
+
+
+def test_one_tenants_reads_give_stripes_figure_as_the_whole_set_does(
+        db_url: str, engine: Engine, fake: FakeStripe, remapped: dict[str, Any],
+        client_as: Any) -> None:
+    """One tenant's rows read what was compared of them alone; the figures are the ones
+    every tenant's read joins."""
+    start, end = remapped["start"], remapped["end"]
+    figures = ("stripe_units", "compared_units", "compared_days", "compared_at")
+
+    def cells(rows: Any) -> dict[str, tuple[Any, ...]]:
+        return {r.stripe_customer_id: tuple(getattr(r, f) for f in figures) for r in rows}
+
+    whole = cells(reads.tenant_usage(engine, start=start, end=end).rows)
+    one = cells(reads.tenant_usage(engine, start=start, end=end, tenant_id="initech").rows)
+    assert one == whole and whole["cus_initech"][:3] == (3.0, 7, 2)
+    env = worker_env(db_url, fake.base_url)
+    period = ("--from", start.isoformat(), "--to", end.isoformat())
+    every = json.loads(cli("usage", "--json", *period, env=env).stdout)["rows"]
+    mine = json.loads(cli("usage", "--json", *period, "--tenant", "initech", env=env).stdout)
+    assert mine["rows"] == [r for r in every if r["tenant_id"] == "initech"]
+    assert [r["stripe_units"] for r in mine["rows"]] == [3, 5]
+    viewer = client_as("viewer")
+    q = f"from={start.isoformat()}&to={end.isoformat()}"
+    _, _, all_rows, _ = read_usage_csv(viewer.get(f"/tenants.csv?{q}").get_data(as_text=True))
+    _, _, my_rows, _ = read_usage_csv(viewer.get(f"/tenants.csv?{q}&tenant=initech")
+                                      .get_data(as_text=True))
+    assert my_rows == [r for r in all_rows if r["Tenant"] == "initech"] and len(my_rows) == 2

@@ -37,6 +37,7 @@ from ..outbox.sql import (
     ascii_icontains,
     int_sum,
 )
+from .compared import COLUMNS as COMPARED
 from .compared import compared_for, compared_of, meter_totals
 from .counts import Freshness, UnmappedTenant, rollup_freshness
 from .mappings import waiting_for_customer
@@ -295,13 +296,33 @@ def usage_rows_streamed(engine: Engine, *, start: date, end: date,
     sits in memory whole); events in flight as ``processing`` of their own with
     ``in_flight_apart``, as :func:`~webapp.read.tenants.usage_in` counts them. Raises
     ``ValueError`` for a period that ends before it starts (when first advanced)."""
+    statuses = USAGE_STATUSES + (("processing",) if in_flight_apart else ())
+    for part in usage_cells_streamed(engine, start=start, end=end, tenant_id=tenant_id,
+                                     in_flight_apart=in_flight_apart):
+        yield from usage_rows(part, statuses)
+
+
+def usage_cells_streamed(engine: Engine, *, start: date, end: date,
+                         tenant_id: str | None = None, in_flight_apart: bool = False
+                         ) -> Iterator[Sequence[Sequence[Any]]]:
+    """:func:`usage_rows_streamed`'s rows as the database gives them, a thousand at a time,
+    in :func:`~webapp.read.tenants.usage_select`'s columns (tenant, meter, name, customer,
+    events then units per status, then :data:`~.compared.COLUMNS`, all None where nothing
+    was compared), for a reader that writes them out without building a ``UsageRow`` each.
+    One tenant's rows read what was compared of them alone."""
     period_bounds(start, end)
     statuses = USAGE_STATUSES + (("processing",) if in_flight_apart else ())
     with reading(engine) as conn:
         if tenant_id is None:
             many_rows(conn)
         per = per_row(conn, start, end, tenant_id, in_flight_apart=in_flight_apart).subquery()
-        yield from _streamed(conn, per, statuses, compared_for(conn, start, end))
+        if tenant_id is None:
+            yield from _streamed(conn, per, statuses, compared_for(conn, start, end))
+            return
+        rows = conn.execute(usage_select(conn, per, statuses)).all()
+        compared = compared_of(conn, [(r[3], r[1]) for r in rows], start, end)
+        nothing = {c: None for c in COMPARED}
+        yield [(*r, *compared.get((r[3], r[1]), nothing).values()) for r in rows]
 
 
 def report_rows_streamed(engine: Engine, report_id: int) -> Iterator[UsageRow]:
@@ -312,19 +333,19 @@ def report_rows_streamed(engine: Engine, report_id: int) -> Iterator[UsageRow]:
         report = report_by_id(conn, report_id)
         compared = (compared_for(conn, report.start, report.end) if report is not None
                     else None)
-        yield from _streamed(conn, rows_of(report_id).subquery(), USAGE_STATUSES, compared)
+        for part in _streamed(conn, rows_of(report_id).subquery(), USAGE_STATUSES, compared):
+            yield from usage_rows(part)
 
 
 def _streamed(conn: Connection, per: Any, statuses: tuple[str, ...],
-              compared: Any = None) -> Iterator[UsageRow]:
+              compared: Any = None) -> Iterator[Sequence[Sequence[Any]]]:
     """Rows ``per`` by tenant, meter then customer, with what was compared of each (with
-    ``compared``), read and built a thousand at a time."""
+    ``compared``), read a thousand at a time."""
     result = conn.execution_options(stream_results=True, yield_per=1000).execute(
         usage_select(conn, per, statuses, compared))
-    for part in result.partitions():
-        yield from usage_rows(part, statuses)
+    yield from result.partitions()
 
 
 __all__ = ["ONLY", "PER_PAGE", "SORTS", "TenantsPage", "UsageQuery", "UsageTable",
-           "report_rows_streamed", "report_table",
+           "report_rows_streamed", "report_table", "usage_cells_streamed",
            "usage_rows_streamed", "usage_table"]
