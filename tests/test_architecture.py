@@ -79,3 +79,21 @@ def test_only_the_input_layer_reads_parameters() -> None:
                     and isinstance(node.value, ast.Name) and node.value.id == "request"):
                 offenders.append(f"{path.name}:{node.lineno} request.{node.attr}")
     assert offenders == []
+
+
+#: Where the environment is read: the settings, and ``serve``, which hands it whole to gunicorn.
+READS_THE_ENVIRONMENT = {"webapp/config.py", "webapp/env_values.py", "webapp/web/cli/core.py"}
+
+
+def test_settings_are_read_in_config_only() -> None:
+    """Every variable a person sets is parsed, bounded and named in ``webapp/config.py``
+    (through ``env_values.py``); nothing else reads ``os.environ`` or ``os.getenv``."""
+    offenders = []
+    for path in MODULES:
+        name = str(path.relative_to(PACKAGE.parent))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv")
+                    and isinstance(node.value, ast.Name) and node.value.id == "os"
+                    and name not in READS_THE_ENVIRONMENT):
+                offenders.append(f"{name}:{node.lineno} os.{node.attr}")
+    assert offenders == []

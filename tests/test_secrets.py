@@ -63,9 +63,8 @@ def test_debug_and_the_embedded_default_accept_any_key(tmp_path, monkeypatch) ->
     monkeypatch.delenv("FLASK_DEBUG", raising=False)
     embedded = Settings.from_env({"SECRET_KEY": "changeme"}).with_overrides(database_url=url)
     assert create_app(settings=embedded, start_drainer=False).secret_key == "changeme"
-    monkeypatch.setenv("DATABASE_URL", url)
-    monkeypatch.setenv("FLASK_DEBUG", "1")
-    debug = Settings.from_env({"DATABASE_URL": url, "SECRET_KEY": "changeme"})
+    debug = Settings.from_env({"DATABASE_URL": url, "SECRET_KEY": "changeme",
+                               "FLASK_DEBUG": "1"})
     assert create_app(settings=debug, start_drainer=False).secret_key == "changeme"
 
 

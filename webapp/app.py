@@ -75,7 +75,7 @@ def create_app(test_config: Mapping[str, Any] | None = None, *,
 
     if start_drainer is None:
         start_drainer = (settings.drainer_enabled and not testing
-                         and os.environ.get("FLASK_RUN_FROM_CLI") != "true")
+                         and not settings.run_by_flask_cli)
     if start_drainer:
         from .web.scheduler import start_scheduler
 
@@ -89,18 +89,14 @@ GENERATE_KEY = "python -c 'import secrets; print(secrets.token_urlsafe(48))'"
 
 def _is_embedded(settings: Settings) -> bool:
     """The embedded default: SQLite in ``instance/``, DATABASE_URL not set."""
-    return settings.database_url.startswith("sqlite") and not os.environ.get("DATABASE_URL")
-
-
-def _is_debug() -> bool:
-    return os.environ.get("FLASK_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
+    return settings.database_url.startswith("sqlite") and not settings.database_url_given
 
 
 def _secret_key(settings: Settings, testing: bool) -> str:
     """The key that signs sessions. Outside tests, debug and the embedded default a weak one
     (short, one character repeated, a placeholder) stops start-up with one line naming it."""
     if settings.secret_key:
-        if not (testing or _is_debug() or _is_embedded(settings)):
+        if not (testing or settings.debug or _is_embedded(settings)):
             problem = secret_key_problem(settings.secret_key)
             if problem:
                 raise ConfigError(f"{problem}; generate one with {GENERATE_KEY}")
@@ -113,11 +109,7 @@ def _secret_key(settings: Settings, testing: bool) -> str:
 
 
 def _cookie_secure(settings: Settings) -> bool:
-    raw = os.environ.get("SESSION_COOKIE_SECURE")
-    if raw is not None and raw.strip():
-        value = raw.strip().lower()
-        if value not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
-            raise ConfigError(f"SESSION_COOKIE_SECURE: expected true or false, got {raw!r}")
-        return value in ("1", "true", "yes", "on")
+    if settings.session_cookie_secure is not None:
+        return settings.session_cookie_secure
     # The embedded default serves plain http on 127.0.0.1; anything else is behind TLS.
     return not _is_embedded(settings)

@@ -88,6 +88,15 @@ class Settings:
     trusted_proxies: int = 0
     retention_days: int = 40
     prune_interval_seconds: float = 3600.0
+    #: Whether ``DATABASE_URL`` was set (if not: the embedded default, SQLite in instance/).
+    database_url_given: bool = False
+    #: ``SESSION_COOKIE_SECURE`` as set; None: secure everywhere but the embedded default.
+    session_cookie_secure: bool | None = None
+    #: ``FLASK_DEBUG``: Flask's debug mode (any secret key accepted, as by the embedded
+    #: default).
+    debug: bool = False
+    #: Started by ``flask run`` (``FLASK_RUN_FROM_CLI``): no in-app drainer.
+    run_by_flask_cli: bool = False
     testing: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -188,9 +197,14 @@ class Settings:
             retention_days=integer(env, "OUTBOX_RETENTION_DAYS", 40, low=1, high=36_500),
             prune_interval_seconds=number(env, "OUTBOX_PRUNE_INTERVAL_SECONDS", 3600.0,
                                            low=60.0, high=7 * 86_400),
-            log_format=choice(env, "LOG_FORMAT", "text", ("text", "json")),
+            log_format=log_format(env),
             log_level=choice(env, "LOG_LEVEL", "INFO",
                               ("DEBUG", "INFO", "WARNING", "ERROR"), upper=True),
+            database_url_given=bool((env.get("DATABASE_URL") or "").strip()),
+            session_cookie_secure=(None if not (env.get("SESSION_COOKIE_SECURE") or "").strip()
+                                   else boolean(env, "SESSION_COOKIE_SECURE", False)),
+            debug=_flag(env.get("FLASK_DEBUG")),
+            run_by_flask_cli=env.get("FLASK_RUN_FROM_CLI") == "true",
             testing=testing,
         )
         settings.validate()
@@ -283,6 +297,23 @@ def _metrics_token(raw: str | None) -> str | None:
         raise ConfigError("METRICS_TOKEN must be at least 16 printable characters without "
                           "spaces (a Prometheus bearer token)")
     return token
+
+
+def log_format(env: Mapping[str, str] | None = None) -> str:
+    """``LOG_FORMAT``: ``text`` or ``json`` (gunicorn's logger reads it before the app is
+    built)."""
+    return choice(os.environ if env is None else env, "LOG_FORMAT", "text", ("text", "json"))
+
+
+def listen_address(env: Mapping[str, str] | None = None) -> str:
+    """Where ``make run`` serves (``HOST``, ``PORT``), as its first words say."""
+    env = os.environ if env is None else env
+    return f"http://{env.get('HOST', '127.0.0.1')}:{env.get('PORT', '8000')}"
+
+
+def _flag(raw: str | None) -> bool:
+    """A flag Flask reads leniently (``FLASK_DEBUG``): on for 1/true/yes/on, off otherwise."""
+    return (raw or "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def default_rate(api: str, api_key: str | None) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from .app import create_app
+from .config import listen_address
 from .read.users import user_count
 from .services import services_of
 
@@ -12,7 +13,7 @@ from .services import services_of
 def main() -> None:
     app = create_app(start_drainer=False)
     svc = services_of(app)
-    where = f"http://{os.environ.get('HOST', '127.0.0.1')}:{os.environ.get('PORT', '8000')}"
+    where = listen_address()
     lines = ["", f"billing-outbox is starting on {where}", ""]
     if user_count(svc.engine) == 0:
         lines += ["No user exists yet. Create the first admin in another terminal:",

@@ -12,11 +12,11 @@
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 from gunicorn.glogging import Logger
 
+from .config import ConfigError, log_format
 from .logging_setup import REDACTOR, JsonFormatter
 
 _QUIET_PATHS = ("/static/", "/healthz", "/readyz", "/health", "/metrics", "/favicon")
@@ -42,7 +42,10 @@ class QuietAccess(logging.Filter):
 class GunicornLogger(Logger):  # type: ignore[misc]
     def setup(self, cfg: Any) -> None:
         super().setup(cfg)
-        as_json = os.environ.get("LOG_FORMAT", "text").strip().lower() == "json"
+        try:
+            as_json = log_format() == "json"
+        except ConfigError:  # the app refuses it with one line as it starts
+            as_json = False
         for log in (self.error_log, self.access_log):
             for handler in log.handlers:
                 if as_json:
