@@ -334,3 +334,16 @@ def test_each_meters_days_are_kept_added_up_as_runs_replace_them(
         assert meter_totals(conn, start, end) == expected
     # acme 4 + 7 + 10, globex 7 a day; Stripe holds 40 more of acme on the second day.
     assert expected["api_requests"] == (21.0 + 21 + 40, 21 + 21, 6)
+
+
+def test_a_runs_times_come_from_the_clock_it_is_given(
+        engine: Engine, fake: FakeStripe, settings: Any, history: list[int]) -> None:
+    gateway = gateway_from(settings)
+    assert gateway is not None
+    t0 = later()
+    times = iter([t0, t0 + timedelta(seconds=5)])
+    run = reconcile(engine, gateway, settings, trigger="cli", clock=lambda: next(times))
+    start, end = run.started_at, run.finished_at
+    assert end is not None and (end - start) == timedelta(seconds=5)
+    assert start > utcnow() + timedelta(hours=1)  # the clock's, not the wall's
+    assert run.comparison.checked == 12 and run.comparison.pending == 0

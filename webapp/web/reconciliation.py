@@ -89,7 +89,7 @@ def start_in_background(actor: str, *, since: datetime | None = None,
     def work() -> None:
         try:
             reconcile(services.engine, gateway, services.settings, trigger=trigger,
-                      actor=actor, now=services.clock(), since=since, until=until)
+                      actor=actor, clock=services.clock, since=since, until=until)
         except Exception:
             log.exception("reconciliation started from the dashboard failed")
         finally:

@@ -38,12 +38,13 @@ CHECK_SECONDS = 300.0
 def reconcile(engine: Engine, source: StripeGateway, settings: Settings, *,
               since: datetime | None = None, until: datetime | None = None,
               tenant_id: str | None = None, trigger: str, actor: str | None = None,
-              now: datetime | None = None,
+              now: datetime | None = None, clock: Callable[[], datetime] = utcnow,
               limiter: RateLimiter | None = None) -> recon.RunRecord:
     """Compare every (customer, meter) with events in the window; store and return the run.
     Stripe's failures become the run's ``errors`` (it is then not ``ok``); a systemic one
-    (401/403) stops it."""
-    now = now or utcnow()
+    (401/403) stops it. ``now``: when it starts (``clock()`` when None); ``clock`` also says
+    when it finished."""
+    now = now or clock()
     default_since, default_until = recon.default_window(now)
     since, until = recon.align(since or default_since, until or default_until)
     run = recon.RunRecord(since, until, started_at=now, trigger=trigger, tenant_id=tenant_id,
@@ -111,7 +112,7 @@ def reconcile(engine: Engine, source: StripeGateway, settings: Settings, *,
     if refused.is_set():
         run.errors.append("Stripe refused the API key: the rest was not compared")
     run.calls = calls[0]
-    run.finished_at = utcnow()
+    run.finished_at = clock()
     recon.store_run(engine, run)
     return run
 
@@ -155,7 +156,7 @@ class Reconciler:
             return None
         try:
             run = reconcile(self.engine, self.source, self.settings, trigger="schedule",
-                            now=now)
+                            now=now, clock=self.clock)
             found = len(run.comparison.mismatches)
             (log.warning if found or run.errors else log.info)(
                 "reconciliation %s: %d buckets checked, %d pending, %d mismatches, %d errors, "

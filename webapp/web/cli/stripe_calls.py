@@ -84,7 +84,7 @@ def reconcile(ctx: click.Context, since: str | None, until: str | None, tenant: 
     try:
         run = run_reconcile(svc.engine, gateway, svc.settings, since=_time(since, "--since"),
                             until=_time(until, "--until"), tenant_id=tenant, trigger="cli",
-                            actor=_actor(), now=svc.clock())
+                            actor=_actor(), clock=svc.clock)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
     if as_json:
