@@ -160,3 +160,25 @@ def test_through_requeue_all_matching(case: Case, client_as: Any, seed: Any) -> 
                                                    "include_forced": "yes",
                                                    "csrf_token": csrf_of(client)})
     assert seed.get(event_id).status == ("pending" if case.forced else "dead")
+
+
+def test_the_pages_say_each_refusal_in_the_guards_words(client_as: Any, seed: Any) -> None:
+    """The bulk refusal and the event page's alerts read REQUEUE_BULK_WORDS and
+    REQUEUE_PAGE_WORDS: one place for each text, whichever door shows it."""
+    from markupsafe import escape
+
+    from webapp.outbox.guards import REQUEUE_BULK_WORDS, REQUEUE_PAGE_WORDS, RequeueCheck
+
+    now = utcnow()
+    old = int(seed.event(status="dead", occurred_at=now - timedelta(days=36)))
+    sent = int(seed.event(status="sent"))
+    unknown = int(seed.event(status="dead", first_unknown_at=now - timedelta(hours=25)))
+    client = client_as("operator")
+    client.post("/dead-letters/requeue", data={"ids": [old, sent], "csrf_token": csrf_of(client),
+                                               "next": "/dead-letters"})
+    flashed = client.get("/dead-letters").get_data(as_text=True)
+    for check, ids in ((RequeueCheck.WRONG_STATUS, sent), (RequeueCheck.TOO_OLD, old)):
+        assert str(escape(f"{REQUEUE_BULK_WORDS[check]}: {ids}")) in flashed
+    for event_id, check in ((old, RequeueCheck.TOO_OLD), (unknown, RequeueCheck.FORCE)):
+        page = client.get(f"/events/{event_id}").get_data(as_text=True)
+        assert str(escape(REQUEUE_PAGE_WORDS[check])) in page

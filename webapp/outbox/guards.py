@@ -44,6 +44,19 @@ REQUEUE_REFUSALS = {
                         "then use --force)",
 }
 
+#: The same refusals as a page says them: under a list of the events refused in bulk, and on
+#: an event's own page (its alert).
+REQUEUE_BULK_WORDS = {
+    RequeueCheck.WRONG_STATUS: "neither dead nor rejected (any more)",
+    RequeueCheck.TOO_OLD: "past Stripe's 35-day limit, resolve them instead",
+}
+REQUEUE_PAGE_WORDS = {
+    RequeueCheck.TOO_OLD: "Older than Stripe's 35-day limit: it cannot be sent any more. Bill it "
+                          "by hand and resolve it.",
+    RequeueCheck.FORCE: "The outcome is unknown past Stripe's 24-hour dedupe window: Stripe may "
+                        "already have it. Check Stripe before a forced requeue.",
+}
+
 
 # -- rules as data: the same rule runs in Python (one event) and in SQL (a bulk preview) --
 

@@ -12,6 +12,7 @@ from flask import Blueprint, abort, flash, redirect, request, url_for
 from flask.typing import ResponseReturnValue
 
 from ..outbox import operations
+from ..outbox.guards import REQUEUE_BULK_WORDS
 from ..read import dead_letters as reads
 from ..read.paging import MAX_PAGE
 from .common import now, read_snapshot, render, sign_snapshot, svc
@@ -179,12 +180,8 @@ def _tracking(audit_ids: list[int]) -> str:
 
 
 def _refusal(classes: dict[str, list[int]]) -> str:
-    parts = []
-    if classes["wrong_status"]:
-        parts.append("neither dead nor rejected (any more): " + _ids(classes["wrong_status"]))
-    if classes["too_old"]:
-        parts.append("past Stripe's 35-day limit, resolve them instead: "
-                     + _ids(classes["too_old"]))
+    parts = [f"{words}: {_ids(classes[check.value])}"
+             for check, words in REQUEUE_BULK_WORDS.items() if classes[check.value]]
     return "Nothing changed. " + "; ".join(parts)
 
 

@@ -14,6 +14,7 @@ from markupsafe import Markup, escape
 
 from ..config import STRIPE_API_BASE_DEFAULT, STRIPE_METER_EVENTS_BASE_DEFAULT
 from ..db import reading
+from ..outbox.guards import REQUEUE_PAGE_WORDS
 from ..read.health import Health, health
 from ..read.words import (
     CANCEL_WORDS,
@@ -257,7 +258,8 @@ def init_app(app: Flask) -> None:
                                  event_url=event_url, usage_rows=usage_rows,
                                  usage_events_url=usage_events_url,
                                  stripe_url=stripe_url, stripe_link=stripe_link,
-                                 min_password=MIN_PASSWORD, cancel_words=CANCEL_WORDS)
+                                 min_password=MIN_PASSWORD, cancel_words=CANCEL_WORDS,
+                                 requeue_words=REQUEUE_PAGE_WORDS)
 
     @app.context_processor
     def inject() -> dict[str, Any]:
