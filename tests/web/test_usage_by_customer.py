@@ -362,3 +362,17 @@ def test_one_tenants_reads_give_stripes_figure_as_the_whole_set_does(
     _, _, my_rows, _ = read_usage_csv(viewer.get(f"/tenants.csv?{q}&tenant=initech")
                                       .get_data(as_text=True))
     assert my_rows == [r for r in all_rows if r["Tenant"] == "initech"] and len(my_rows) == 2
+
+
+def test_without_a_key_no_page_promises_a_reconciliation(db_url: str, engine: Engine,
+                                                         users: dict[str, str]) -> None:
+    """No STRIPE_API_KEY: nothing can be compared, so no page says when the next
+    reconciliation runs; each says what it needs."""
+    app = create_app({"TESTING": True}, settings=make_settings(db_url, stripe_api_key=None),
+                     engine=engine, start_drainer=False)
+    client = app.test_client()
+    login(client, users["viewer"])
+    for path in ("/tenants", "/reconciliation"):
+        html = client.get(path).get_data(as_text=True)
+        assert "runs until STRIPE_API_KEY is set" in html, path
+        assert "starts within a minute" not in html and "is due in" not in html, path

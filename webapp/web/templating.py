@@ -245,6 +245,12 @@ def is_stream_request(key: str | None) -> bool:
     return bool(key) and str(key).startswith(REQUEST_KEY_PREFIX)
 
 
+def stripe_keyed() -> bool:
+    """Whether Stripe can be asked at all (``STRIPE_API_KEY`` is set): without it no
+    reconciliation runs, scheduled or asked for."""
+    return svc().settings.stripe_mode != "none"
+
+
 def init_app(app: Flask) -> None:
     app.jinja_env.autoescape = True  # every template, whatever its extension
     app.jinja_env.filters.update(utc=fmt_utc, ago=fmt_age, num=num, pct=pct,
@@ -259,7 +265,7 @@ def init_app(app: Flask) -> None:
                                  usage_events_url=usage_events_url,
                                  stripe_url=stripe_url, stripe_link=stripe_link,
                                  min_password=MIN_PASSWORD, cancel_words=CANCEL_WORDS,
-                                 requeue_words=REQUEUE_PAGE_WORDS)
+                                 requeue_words=REQUEUE_PAGE_WORDS, stripe_keyed=stripe_keyed)
 
     @app.context_processor
     def inject() -> dict[str, Any]:
