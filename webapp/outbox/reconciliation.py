@@ -321,15 +321,18 @@ def keep_days(conn: Connection, run_id: int, days: list[ComparedDay], *,
                 .where(tuple_(D.stripe_customer_id, D.meter).in_(chunk),
                        D.day >= f"{month}-01", D.day <= f"{month}-31")
                 .group_by(D.stripe_customer_id, D.meter)))
-    # Every customer of each (meter, day) touched, added up again (``ix_reconciled_days_day``).
+    # Every customer of each (meter, day) touched, added up again: the days' ids by day
+    # (``ix_reconciled_days_day``), the meter among them.
     MD = RECON_METER_DAYS.c  # noqa: N806 - table columns
-    for meter, day in sorted({(r["meter"], r["day"]) for r in rows}):
-        conn.execute(delete(RECON_METER_DAYS).where(MD.meter == meter, MD.day == day))
-        conn.execute(insert(RECON_METER_DAYS).from_select(
-            ["meter", "day", "ours", "stripe", "customer_days", "compared_at"],
-            select(D.meter, D.day, int_sum(D.ours), func.sum(D.stripe), func.count(),
-                   func.max(D.compared_at)).where(D.day == day, D.meter == meter)
-            .group_by(D.meter, D.day)))
+    touched = sorted({(r["meter"], r["day"]) for r in rows})
+    conn.execute(delete(RECON_METER_DAYS).where(tuple_(MD.meter, MD.day).in_(touched)))
+    conn.execute(insert(RECON_METER_DAYS).from_select(
+        ["meter", "day", "ours", "stripe", "customer_days", "compared_at"],
+        select(D.meter, D.day, int_sum(D.ours), func.sum(D.stripe), func.count(),
+               func.max(D.compared_at))
+        .where(D.day.in_(sorted({day for _meter, day in touched})),
+               tuple_(D.meter, D.day).in_(touched))
+        .group_by(D.meter, D.day)))
 
 
 def last_run_started(conn: Connection, *, trigger: str | None = None) -> datetime | None:

@@ -42,6 +42,12 @@ def _any_day(conn: Connection, first: date, last: date) -> bool:
         .limit(1)).first() is not None
 
 
+def _summed(stripe: Any, ours: Any, days: Any, compared_at: Any) -> list[Any]:
+    """:data:`COLUMNS` added up from compared rows (days, or months with their day counts)."""
+    return [func.sum(stripe).label("stripe_units"), int_sum(ours).label("compared_units"),
+            int_sum(days).label("compared_days"), func.max(compared_at).label("compared_at")]
+
+
 def compared_for(conn: Connection, start: date, end: date) -> Any:
     """What was compared on UTC days ``start``…``end``, one row per (``customer``,
     ``meter``) compared: :data:`COLUMNS`. A month is read from its row when the period holds
@@ -72,10 +78,7 @@ def compared_for(conn: Connection, start: date, end: date) -> Any:
                       .where(literal(False)))
     every = union_all(*pieces).subquery()
     return (select(every.c.customer, every.c.meter,
-                   func.sum(every.c.stripe).label("stripe_units"),
-                   int_sum(every.c.ours).label("compared_units"),
-                   int_sum(every.c.days).label("compared_days"),
-                   func.max(every.c.compared_at).label("compared_at"))
+                   *_summed(every.c.stripe, every.c.ours, every.c.days, every.c.compared_at))
             .group_by(every.c.customer, every.c.meter).subquery())
 
 
@@ -102,10 +105,7 @@ def compared_of(conn: Connection, pairs: Iterable[tuple[str | None, str]], start
     for i in range(0, len(wanted), 500):
         for row in conn.execute(
                 select(D.stripe_customer_id, D.meter,
-                       func.sum(cast(D.stripe, Float)).label("stripe_units"),
-                       int_sum(D.ours).label("compared_units"),
-                       func.count().label("compared_days"),
-                       func.max(D.compared_at).label("compared_at"))
+                       *_summed(cast(D.stripe, Float), D.ours, literal(1), D.compared_at))
                 .where(tuple_(D.stripe_customer_id, D.meter).in_(wanted[i:i + 500]),
                        D.day >= start.isoformat(), D.day <= end.isoformat())
                 .group_by(D.stripe_customer_id, D.meter)).mappings():

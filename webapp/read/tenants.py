@@ -113,15 +113,18 @@ def usage_in(conn: Connection, *, start: date, end: date,
         # Fetched whole (one call, not one per row), every customer's comparison joined.
         return Usage(start, end, usage_rows(conn.execute(usage_select(
             conn, per, statuses, compared_for(conn, start, end))).all(), statuses))
-    # One tenant's few rows: what was compared of them, read for them alone.
-    rows = usage_rows(conn.execute(usage_select(conn, per, statuses)).all(), statuses)
-    compared = compared_of(conn, [(r.stripe_customer_id, r.meter) for r in rows], start, end)
-    for r in rows:
-        c = compared.get((r.stripe_customer_id or "", r.meter))
-        if c is not None:
-            r.stripe_units, r.compared_units, r.compared_days, r.compared_at = _compared(
-                [c[k] for k in COMPARED])
-    return Usage(start, end, rows)
+    return Usage(start, end, usage_rows(with_own_comparison(
+        conn, conn.execute(usage_select(conn, per, statuses)).all(), start, end), statuses))
+
+
+def with_own_comparison(conn: Connection, rows: Sequence[Sequence[Any]], start: date,
+                        end: date) -> list[tuple[Any, ...]]:
+    """One tenant's few rows of :func:`usage_select` (read without ``compared``), each with
+    :data:`~.compared.COLUMNS` after it, read for those rows alone
+    (:func:`~.compared.compared_of`); None where nothing was compared."""
+    compared = compared_of(conn, [(r[3], r[1]) for r in rows], start, end)
+    nothing = dict.fromkeys(COMPARED)
+    return [(*r, *compared.get((r[3], r[1]), nothing).values()) for r in rows]
 
 
 def usage_select(conn: Connection, per: Any, statuses: tuple[str, ...] = USAGE_STATUSES,

@@ -37,13 +37,12 @@ from ..outbox.sql import (
     ascii_icontains,
     int_sum,
 )
-from .compared import COLUMNS as COMPARED
 from .compared import compared_for, compared_of, meter_totals
 from .counts import Freshness, UnmappedTenant, rollup_freshness
 from .mappings import waiting_for_customer
 from .reconciliation import RunSummary, last_run
 from .search import prefix_range
-from .tenants import UsageRow, usage_rows, usage_select
+from .tenants import UsageRow, usage_rows, usage_select, with_own_comparison
 from .usage_reports import REPORT_ROWS, Report, customer_of, report_by_id, rows_of, shown_report
 from .usage_sources import (
     USAGE_STATUSES,
@@ -319,10 +318,9 @@ def usage_cells_streamed(engine: Engine, *, start: date, end: date,
         if tenant_id is None:
             yield from _streamed(conn, per, statuses, compared_for(conn, start, end))
             return
-        rows = conn.execute(usage_select(conn, per, statuses)).all()
-        compared = compared_of(conn, [(r[3], r[1]) for r in rows], start, end)
-        nothing = {c: None for c in COMPARED}
-        yield [(*r, *compared.get((r[3], r[1]), nothing).values()) for r in rows]
+        # One tenant's few rows, with what was compared of them alone.
+        yield with_own_comparison(conn, conn.execute(usage_select(conn, per, statuses)).all(),
+                                  start, end)
 
 
 def report_rows_streamed(engine: Engine, report_id: int) -> Iterator[UsageRow]:

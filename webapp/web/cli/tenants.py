@@ -9,8 +9,8 @@ import json
 import os
 import sys
 from collections.abc import Iterable, Sequence
-from datetime import UTC, date
-from typing import TYPE_CHECKING, Any, TextIO
+from datetime import UTC, date, datetime
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
 import click
 
@@ -242,10 +242,9 @@ def _usage_json(out: TextIO, first: date, last: date, tenant: str | None,
         row["stripe_units"] = int(figure) if figure.is_integer() else figure
         row["compared_units"], row["compared_days"] = int(units), int(days)
         stamp = stamps.get(at)
-        if stamp is None:
-            when = as_utc(at)
-            stamp = stamps[at] = when.isoformat() if when is not None else ""
-        row["compared_at"] = stamp or None
+        if stamp is None:  # a compared row always has its time
+            stamp = stamps[at] = cast(datetime, as_utc(at)).isoformat()
+        row["compared_at"] = stamp
         return row
 
     head = json.dumps({"from": first.isoformat(), "to": last.isoformat(), "rows": []})
