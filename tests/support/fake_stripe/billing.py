@@ -34,6 +34,8 @@ class Usage:
     event_name: str
     timestamp: int
     value: float
+    #: When it was added (the fake's clock): an invoice finalized before then leaves it out.
+    received_at: float | None = None
 
 
 def _one(query: dict[str, list[str]], name: str) -> str | None:
@@ -97,8 +99,9 @@ class BillingMixin:
     def add_usage(self, customer: str, event_name: str, timestamp: int, value: float) -> None:
         """Units that reach the summaries without the outbox (another system, a hand-made
         adjustment; negative to take units away)."""
+        now = self._clock()
         with self._lock:
-            usage = Usage(customer, event_name, int(timestamp), float(value))
+            usage = Usage(customer, event_name, int(timestamp), float(value), now)
             self._usage.append(usage)
             self._by_pair[(event_name, customer)].append(usage)
 

@@ -1,8 +1,10 @@
 """A loopback HTTP fake of Stripe's billing API, standard library only: meter events (v1, and
 v2 meter event streams with their sessions: ``stream.py``), meters, meter event summaries and
-adjustments, customers (``customers``: listed with their metadata, for the tenant sync), and
-the v2 events that report errors found after a 200 (listed, read in full, or pushed signed to
-an event destination).
+adjustments, customers (``customers``: listed with their metadata, for the tenant sync),
+subscriptions with metered items and their billing periods, and the invoices Stripe drafts at a
+period's end and finalizes after a grace period (``subscriptions``), and the v2 events that
+report errors found after a 200 or an invoice drafted or finalized (listed, read in full, or
+pushed signed to an event destination).
 
 The real ``stripe`` SDK is pointed at it (``base_addresses={"api": fake.base_url, ...}``) and
 sees what it would see from Stripe (Stripe's documented behaviour, summarized in
@@ -28,6 +30,9 @@ sees what it would see from Stripe (Stripe's documented behaviour, summarized in
   check but the request's shape made after the 200 and reported like v1's later checks.
 * Adjustments (``type=cancel``) answered ``pending`` without an ``id``, as Stripe documents the
   v1 object, unless a test asks otherwise (:meth:`FakeStripe.answer_adjustments`).
+* Subscriptions and invoices (``subscriptions.py``): periods roll and drafts finalize on the
+  injected clock, lazily: :meth:`FakeStripe.tick` does what is due, and every request calls it
+  before anything else (so an event received after a finalization moment is on no invoice).
 * Observation: accepted events (v1's and the streams'), adjustments made with the answer each
   got, call counts, and the number of times a call for a (customer, event_name) lane started
   while another call of that lane was still in flight; Stripe allows one concurrent call per
@@ -48,9 +53,11 @@ identifier dedupe lasts ``dedupe_seconds`` (None: for ever).
 
 Run as a process (``python -m tests.support.fake_stripe --port 12111``) it prints
 ``READY http://127.0.0.1:PORT`` and serves until SIGTERM; the ``/_fake/`` control endpoints
-(``GET state``; ``POST faults``, ``fail_next``, ``latency``, ``reset``, ``meters``,
-``auth_failure``, ``stripe_customers``, ``forget``, each taking a JSON object) let another process
-drive it. They need no auth, are served in-process too, and are not counted as calls.
+(``GET state``, ``invoices``, ``subscriptions``; ``POST faults``, ``fail_next``, ``latency``,
+``reset``, ``meters``, ``auth_failure``, ``stripe_customers``, ``forget``, ``subscriptions``,
+``tick``, ``finalize_invoice``, ``pay_invoice``, ``void_invoice``, ``cancel_subscription``,
+``list_latency``, each taking a JSON object) let another process drive it. They need no auth,
+are served in-process too, and are not counted as calls.
 
 A call counts as in flight for its lane from right after its body is parsed until just before
 its response is written; the latency and ``slow`` sleeps happen while in flight.
@@ -80,6 +87,7 @@ from .http import Response, Server, error, to_json
 from .meter_events import AcceptedEvent, AsyncError, FakeMeter, IdemRecord, MeterEventsMixin
 from .reports import ReportsMixin
 from .stream import StreamMixin
+from .subscriptions import DEFAULT_GRACE_SECONDS, SubscriptionsMixin
 
 __all__ = ["AcceptedEvent", "FakeStripe", "main"]
 
@@ -99,7 +107,7 @@ class Poison:
 
 
 class FakeStripe(FaultsMixin, MeterEventsMixin, StreamMixin, BillingMixin, CustomersMixin,
-                 ReportsMixin):
+                 ReportsMixin, SubscriptionsMixin):
     """A fake of Stripe's billing API on a loopback port. Thread-safe.
 
     Use it as a context manager, or call :meth:`start` and :meth:`stop`.
@@ -121,6 +129,7 @@ class FakeStripe(FaultsMixin, MeterEventsMixin, StreamMixin, BillingMixin, Custo
         dedupe_seconds: float | None = None,
         report_every: float | None = None,
         separate_streams: bool = False,
+        grace_seconds: int = DEFAULT_GRACE_SECONDS,
     ) -> None:
         if latency < 0:
             raise ValueError("latency must be >= 0")
@@ -185,6 +194,9 @@ class FakeStripe(FaultsMixin, MeterEventsMixin, StreamMixin, BillingMixin, Custo
         self._hits: deque[tuple[str, str, str]] = deque(maxlen=REQUEST_LOG_LIMIT)
         self._idem: dict[tuple[str, str], IdemRecord] = {}
         self._stream_init()
+        #: The grace period of invoices' drafts (seconds), unless a subscription names one.
+        self._initial_grace_seconds = int(grace_seconds)
+        self._subscriptions_init()
 
         # Server lifecycle (start/stop/outage) is serialised by its own lock.
         self._server_lock = threading.Lock()
@@ -389,7 +401,8 @@ class FakeStripe(FaultsMixin, MeterEventsMixin, StreamMixin, BillingMixin, Custo
 
     def reset(self) -> None:
         """Back to the as-constructed state: events, counters, idempotency records, log, faults,
-        auth failure, latency, meters and the RNG seed. The listener and an outage are left as
+        auth failure, latency, meters, subscriptions, invoices, the grace period, the list
+        latency and the RNG seed. The listener and an outage are left as
         they are; calls in flight finish normally."""
         with self._lock:
             self._meters = {}
@@ -429,6 +442,7 @@ class FakeStripe(FaultsMixin, MeterEventsMixin, StreamMixin, BillingMixin, Custo
             tokens = self._stream_tokens
             self._stream_init()
             self._stream_tokens = tokens
+            self._subscriptions_init()
         for name in self._initial_meters:
             self.add_meter(name)
 
@@ -517,6 +531,12 @@ class FakeStripe(FaultsMixin, MeterEventsMixin, StreamMixin, BillingMixin, Custo
                 "stream_calls": self._stream_calls,
                 "stream_sessions": self._stream_sessions,
                 "stream_duplicates": self._stream_duplicates,
+                "subscriptions": len(self._subs),
+                "invoices": len(self._invoices),
+                "subscription_list_calls": self.subscription_list_calls,
+                "invoice_list_calls": self.invoice_list_calls,
+                "invoice_retrieve_calls": self.invoice_retrieve_calls,
+                "invoice_line_calls": self.invoice_line_calls,
             }
 
     def _control(self, method: str, name: str, body: bytes) -> Response:
@@ -524,6 +544,10 @@ class FakeStripe(FaultsMixin, MeterEventsMixin, StreamMixin, BillingMixin, Custo
         if method == "GET":
             if name == "state":
                 return Response(200, to_json(self.state()))
+            if name == "invoices":
+                return Response(200, to_json({"invoices": self.invoices()}))
+            if name == "subscriptions":
+                return Response(200, to_json({"subscriptions": self.subscriptions()}))
             return error(404, "invalid_request_error", f"No control endpoint GET {name}.")
         try:
             args = json.loads(body) if body.strip() else {}
@@ -563,11 +587,42 @@ class FakeStripe(FaultsMixin, MeterEventsMixin, StreamMixin, BillingMixin, Custo
                     keep=int(args.get("keep", 0)))}))
             elif name == "delete_customer":
                 self.delete_customer(str(args["id"]))
+            elif name == "subscriptions":
+                return self._control_subscriptions(args)
+            elif name == "tick":
+                self.tick()  # (the request already did what was due, as every request does)
+            elif name in ("finalize_invoice", "pay_invoice", "void_invoice"):
+                act = {"finalize_invoice": self.finalize_invoice, "pay_invoice": self.pay_invoice,
+                       "void_invoice": self.void_invoice}[name]
+                return Response(200, to_json({"invoice": act(str(args["id"]))}))
+            elif name == "cancel_subscription":
+                self.cancel_subscription(str(args["id"]))
+            elif name == "list_latency":
+                self.set_list_latency(float(args["seconds"]))
             else:
                 return error(404, "invalid_request_error", f"No control endpoint POST {name}.")
         except (TypeError, ValueError, KeyError) as exc:
             return error(400, "invalid_request_error", f"Bad control request: {exc!r}")
         return Response(200, to_json({"ok": True}))
+
+    def _control_subscriptions(self, args: dict[str, Any]) -> Response:
+        """``POST /_fake/subscriptions``: ``customer`` (answers ``{"id"}``) or ``customers``
+        (``{"ids"}``), ``meters``, ``period_start``, ``period_seconds``, ``grace_seconds``,
+        ``licensed``, ``status``."""
+        seconds, grace = args.get("period_seconds"), args.get("grace_seconds")
+        options: dict[str, Any] = {
+            "period_start": int(args["period_start"]),
+            "period_seconds": None if seconds is None else int(seconds),
+            "grace_seconds": None if grace is None else int(grace),
+            "licensed": bool(args.get("licensed", False)),
+            "status": str(args.get("status", "active"))}
+        meters = [str(m) for m in args.get("meters", ["api_requests"])]
+        if "customers" in args:
+            ids = self.create_subscriptions([str(c) for c in args["customers"]], meters,
+                                            **options)
+            return Response(200, to_json({"ids": ids}))
+        return Response(200, to_json({"id": self.create_subscription(
+            str(args["customer"]), meters, **options)}))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,12 +24,18 @@ ADJUSTMENTS_PATH = "/v1/billing/meter_event_adjustments"
 METERS_PATH = "/v1/billing/meters"
 EVENTS_PATH = "/v2/core/events"
 CUSTOMERS_PATH = "/v1/customers"
+SUBSCRIPTIONS_PATH = "/v1/subscriptions"
+SUBSCRIPTION_ITEMS_PATH = "/v1/subscription_items"
+INVOICES_PATH = "/v1/invoices"
 STREAM_SESSION_PATH = "/v2/billing/meter_event_session"
 STREAM_PATH = "/v2/billing/meter_event_stream"
 CONTROL_PREFIX = "/_fake/"
 MAX_BODY_BYTES = 1 << 20
 _KEY_PREFIX_RE = re.compile(r"^[a-z]{2,4}_(?:test|live)_")
 _SUMMARIES_RE = re.compile(r"^/v1/billing/meters/([^/]+)/event_summaries$")
+_SUBSCRIPTION_RE = re.compile(r"^/v1/subscriptions/([^/]+)$")
+_INVOICE_RE = re.compile(r"^/v1/invoices/([^/]+)$")
+_INVOICE_LINES_RE = re.compile(r"^/v1/invoices/([^/]+)/lines$")
 
 
 @dataclass
@@ -161,7 +167,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802 - stdlib naming
         """Route POSTs: meter events (v1, and v2 streams with their sessions), adjustments, the
-        control endpoints, else 404."""
+        control endpoints, else 404. What is due (periods, finalizations) is done first."""
         path = urlsplit(self.path).path
         fake = self.server.fake
         fake._hit(self.server.role, "POST", path)
@@ -170,6 +176,9 @@ class Handler(BaseHTTPRequestHandler):
             body = self._read_body()
             if body is None:
                 return
+            # Before anything is accepted: an event received after a finalization moment
+            # must find the invoice already finalized.
+            fake.tick()
             role = self.server.role
             if (role == "meter_events" and path != STREAM_PATH
                     and not path.startswith(CONTROL_PREFIX)) or (
@@ -193,14 +202,19 @@ class Handler(BaseHTTPRequestHandler):
             fake._track(self.connection, busy=False)
 
     def do_GET(self) -> None:  # noqa: N802 - stdlib naming
-        """Route GETs: meters, their summaries, v2 events, customers, the control endpoints."""
+        """Route GETs: meters, their summaries, v2 events, customers, subscriptions and their
+        items, invoices and their lines, the control endpoints. What is due is done first."""
         parts = urlsplit(self.path)
         path, query = parts.path, parts.query
         if self._read_body() is None:
             return
         fake = self.server.fake
         fake._hit(self.server.role, "GET", path)
+        fake.tick()
         summaries = _SUMMARIES_RE.match(path)
+        subscription = _SUBSCRIPTION_RE.match(path)
+        invoice = _INVOICE_RE.match(path)
+        lines = _INVOICE_LINES_RE.match(path)
         if self.server.role == "meter_events" and not path.startswith(CONTROL_PREFIX):
             self.send(self._not_found())
         elif path == METERS_PATH:
@@ -218,6 +232,21 @@ class Handler(BaseHTTPRequestHandler):
         elif path.startswith(EVENTS_PATH + "/"):
             event_id = path[len(EVENTS_PATH) + 1:]
             self.send(fake._authorized(self, lambda: fake._serve_event(event_id)))
+        elif path == SUBSCRIPTIONS_PATH:
+            self.send(fake._authorized(self, lambda: fake._serve_subscription_list(query)))
+        elif subscription is not None:
+            sub_id = subscription.group(1)
+            self.send(fake._authorized(self, lambda: fake._serve_subscription(sub_id)))
+        elif path == SUBSCRIPTION_ITEMS_PATH:
+            self.send(fake._authorized(self, lambda: fake._serve_subscription_items(query)))
+        elif path == INVOICES_PATH:
+            self.send(fake._authorized(self, lambda: fake._serve_invoice_list(query)))
+        elif invoice is not None:
+            invoice_id = invoice.group(1)
+            self.send(fake._authorized(self, lambda: fake._serve_invoice(invoice_id)))
+        elif lines is not None:
+            lines_of = lines.group(1)
+            self.send(fake._authorized(self, lambda: fake._serve_invoice_lines(lines_of, query)))
         elif path.startswith(CONTROL_PREFIX):
             self.send(fake._control("GET", path[len(CONTROL_PREFIX):], b""))
         else:
@@ -227,6 +256,7 @@ class Handler(BaseHTTPRequestHandler):
         """Nothing is deletable here."""
         if self._read_body() is None:
             return
+        self.server.fake.tick()
         self.send(self._not_found())
 
     def _not_found(self) -> Response:

@@ -1,7 +1,9 @@
 """Stripe's events (API v2), as it produces them for meter errors it finds after its 200:
 ``v1.billing.meter.error_report_triggered`` per meter with *sample* errors (fewer than
 ``error_count``), ``GET /v2/core/events`` (thin, paginated by ``next_page_url``),
-``GET /v2/core/events/{id}`` (in full), and signed pushes to an event destination."""
+``GET /v2/core/events/{id}`` (in full), and signed pushes to an event destination. The invoice
+events (``subscriptions.py``) are kept and pushed the same way
+(:meth:`ReportsMixin._record_events_locked`, :meth:`ReportsMixin._push_later`)."""
 
 from __future__ import annotations
 
@@ -105,12 +107,29 @@ class ReportsMixin:
             event["related_object"] = {"id": meter.id, "type": "billing.meter",
                                        "url": f"/v1/billing/meters/{meter.id}"}
         with self._lock:
-            self._events[str(event["id"])] = event
-            destination = self._webhook
-        if destination is not None:
-            threading.Thread(target=self._push, args=(event, *destination),
-                             daemon=True).start()
+            destination = self._record_events_locked([event])
+        self._push_later([event], destination)
         return str(event["id"])
+
+    def _record_events_locked(self, events: Iterable[dict[str, Any]]
+                              ) -> tuple[str, str] | None:
+        """Keep ``events`` (lock held): listed and read from now on. The destination to push
+        them to (see :meth:`_push_later`), or None."""
+        for event in events:
+            self._events[str(event["id"])] = event
+        return self._webhook
+
+    def _push_later(self, events: list[dict[str, Any]],
+                    destination: tuple[str, str] | None) -> None:
+        """Push ``events``, in order, from a thread of their own (call without the lock)."""
+        if destination is None or not events:
+            return
+
+        def push_all() -> None:
+            for event in events:
+                self._push(event, *destination)
+
+        threading.Thread(target=push_all, daemon=True).start()
 
     def events(self) -> list[dict[str, Any]]:
         """Every event produced so far (in full), oldest first."""
