@@ -1,16 +1,25 @@
 """The tables. Datetimes are timezone-aware (UTC) on both databases.
 
 ``outbox`` (events, attempts, tenants, the switch), ``rollups``, ``reports`` (prepared usage
-reports), ``people`` (users, audit) and ``stripe_sync`` (what is kept of Stripe's side:
+reports), ``people`` (users, audit), ``billing`` (Stripe's subscriptions and invoices) and
+``stripe_sync`` (what is kept of Stripe's side:
 meters, its events, reconciliation).
 """
 
 from .base import NAMING, Base, BigID, UTCDateTime, utcnow
+from .billing import (
+    BillingWatch,
+    LateUsage,
+    StripeInvoice,
+    StripeInvoicePeriod,
+    StripeSubscriptionItem,
+)
 from .limits import TEXT_LIMIT, clean, fit, fit_json_list, fit_key, fits, limit_of
 from .outbox import (
     DEAD_FITS_SQL,
     DEAD_OUTSIZE_SQL,
     IN_FLIGHT_SQL,
+    INVOICE_FIRST_SQL,
     WAITING_IDLE_SQL,
     Control,
     DeliveryAttempt,
@@ -44,16 +53,19 @@ from .stripe_sync import (
 )
 
 __all__ = [
-    "DEAD_FITS_SQL", "DEAD_OUTSIZE_SQL", "IN_FLIGHT_SQL", "NAMING", "REPORT_STATUSES",
+    "DEAD_FITS_SQL", "DEAD_OUTSIZE_SQL", "IN_FLIGHT_SQL", "INVOICE_FIRST_SQL", "NAMING",
+    "REPORT_STATUSES",
     "WAITING_IDLE_SQL",
     "AttemptRollup", "AuditEntry", "AuditEvent",
-    "Base", "BigID", "Control", "DeliveryAttempt", "DrainerHeartbeat", "LoginThrottle",
+    "Base", "BigID", "BillingWatch", "Control", "DeliveryAttempt", "DrainerHeartbeat", "LateUsage",
+    "LoginThrottle",
     "OutboxEvent",
     "PrunedUsageRollup", "ReconciledDay", "ReconciledMeterDay", "ReconciledMonth",
     "ReconciliationMismatch",
     "ReconciliationRun", "RollupState", "SentUsageDay", "SentUsageMonthly", "SentUsageRollup",
     "SentUsageYearly",
-    "StripeCustomerCheck", "StripeErrorSample", "StripeEvent",
+    "StripeCustomerCheck", "StripeErrorSample", "StripeEvent", "StripeInvoice",
+    "StripeInvoicePeriod", "StripeSubscriptionItem",
     "StripeMeter", "StreamRequest", "SyncState", "TEXT_LIMIT", "Tenant", "UTCDateTime",
     "UsageReport",
     "UsageReportRow", "User", "clean", "fit",

@@ -38,6 +38,9 @@ IN_FLIGHT_SQL = "status = 'processing'"
 #: index for the claim's.
 WAITING_IDLE_SQL = ("status NOT IN ('sent', 'processing', 'dead', 'resolved', 'rejected', "
                     "'cancelled')")
+#: Waiting, and billed on a draft invoice: ``ix_outbox_invoice_first``'s predicate, which the
+#: claim repeats word for word.
+INVOICE_FIRST_SQL = "status IN ('pending', 'retrying') AND invoice_finalizes_at IS NOT NULL"
 #: The variable-length columns ``ix_outbox_dead_errors`` carries, and the most bytes they may
 #: hold together for a row to be in it. A B-tree entry must stay under 2,704 bytes or the write
 #: that makes it fails; messages are kept up to 2,000 characters (``limits.TEXT_LIMIT``), so a
@@ -129,12 +132,19 @@ class OutboxEvent(Base):
     resolve_note: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    #: While the event's period is billed on a draft invoice: when that invoice finalizes.
+    #: Set and cleared by the billing refresher (``webapp.outbox.invoices``, migration 0022);
+    #: the claim takes these events first, soonest to finalize first.
+    invoice_finalizes_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
 
     __table_args__ = (
         # The claim: an index scan over due rows only, never over everything ever sent.
         Index("ix_outbox_claimable", "next_attempt_at", "id",
               postgresql_where=text("status IN ('pending', 'retrying')"),
               sqlite_where=text("status IN ('pending', 'retrying')")),
+        # The claim's first part: events a draft invoice still needs (none at most times).
+        Index("ix_outbox_invoice_first", "invoice_finalizes_at", "next_attempt_at", "id",
+              postgresql_where=text(INVOICE_FIRST_SQL), sqlite_where=text(INVOICE_FIRST_SQL)),
         # The rescuer: expired claims only.
         Index("ix_outbox_processing_deadline", "processing_deadline_at",
               postgresql_where=text(IN_FLIGHT_SQL), sqlite_where=text(IN_FLIGHT_SQL)),

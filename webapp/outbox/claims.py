@@ -25,8 +25,10 @@ from sqlalchemy import (
     bindparam,
     case,
     func,
+    literal,
     select,
     text,
+    union_all,
 )
 from sqlalchemy import update as sa_update
 from sqlalchemy.dialects import postgresql
@@ -115,19 +117,28 @@ _LANE_SHARD = (f"(hashtextextended(COALESCE(o.stripe_customer_id, t.stripe_custo
 # The claim on PostgreSQL, written out: the tenant's customer is looked up by a join in the
 # candidate scan (not a subquery per row), and the UPDATE finds the picked rows by primary key
 # from an array (an index lookup each, never a join that walks the table).
-_PG_CLAIM_SQL = """
-WITH picked AS MATERIALIZED (
+#
+# Two scans feed one UPDATE: first the events a draft invoice still needs, soonest to
+# finalize first (``ix_outbox_invoice_first``: empty at most times, so this costs an empty
+# index scan), then the other due events for what is left of the batch. The second leaves the
+# first's events out by their mark, so no row is picked twice.
+_PG_CANDIDATES = """
     SELECT o.id
     FROM stripe_usage_outbox AS o
     LEFT JOIN billing_tenants AS t ON t.tenant_id = o.tenant_id
     WHERE {sendable}
+      AND o.invoice_finalizes_at IS {mark}
       AND NOT (COALESCE(o.stripe_customer_id, t.stripe_customer_id) || chr(31) || o.meter
                = ANY(:avoid))
       {meters}
       {shards}
-    ORDER BY o.next_attempt_at, o.id
-    LIMIT :limit
-    FOR UPDATE OF o SKIP LOCKED
+    ORDER BY {order}
+    LIMIT {limit}
+    FOR UPDATE OF o SKIP LOCKED"""
+
+_PG_CLAIM_SQL = """
+WITH invoice_first AS MATERIALIZED ({first}
+), the_rest AS MATERIALIZED ({rest}
 )
 UPDATE stripe_usage_outbox AS o
 SET status = 'processing', claim_token = :token, claimed_by = :worker,
@@ -135,7 +146,7 @@ SET status = 'processing', claim_token = :token, claimed_by = :worker,
     stripe_customer_id = COALESCE(o.stripe_customer_id,
         (SELECT t.stripe_customer_id FROM billing_tenants AS t WHERE t.tenant_id = o.tenant_id)),
     first_attempt_at = COALESCE(o.first_attempt_at, :now)
-WHERE o.id = ANY(ARRAY(SELECT id FROM picked))
+WHERE o.id = ANY(ARRAY(SELECT id FROM invoice_first UNION ALL SELECT id FROM the_rest))
   AND {waiting}
 RETURNING o.id, o.tenant_id, o.meter, o.quantity,
           COALESCE(o.stripe_identifier, o.idempotency_key), o.occurred_at,
@@ -153,10 +164,17 @@ def _pg_claim(skipping: bool, meters: bool) -> Any:
         binds.append(bindparam("skip_shards", type_=postgresql.ARRAY(Integer)))
     if meters:
         binds.append(bindparam("meters", type_=postgresql.ARRAY(String)))
-    return text(_PG_CLAIM_SQL.format(
-        sendable=PG_SENDABLE_NOW, waiting=PG_WAITING,
-        shards=f"AND NOT {_LANE_SHARD} = ANY(:skip_shards)" if skipping else "",
-        meters="AND o.meter = ANY(:meters)" if meters else "")).bindparams(*binds)
+    terms = dict(sendable=PG_SENDABLE_NOW,
+                 shards=f"AND NOT {_LANE_SHARD} = ANY(:skip_shards)" if skipping else "",
+                 meters="AND o.meter = ANY(:meters)" if meters else "")
+    first = _PG_CANDIDATES.format(
+        mark="NOT NULL", order="o.invoice_finalizes_at, o.next_attempt_at, o.id",
+        limit=":limit", **terms)
+    rest = _PG_CANDIDATES.format(
+        mark="NULL", order="o.next_attempt_at, o.id",
+        limit="(:limit - (SELECT count(*) FROM invoice_first))", **terms)
+    return text(_PG_CLAIM_SQL.format(first=first, rest=rest, waiting=PG_WAITING)
+                ).bindparams(*binds)
 
 
 def claim_batch(engine: Engine, *, worker: str, limit: int, now: datetime,
@@ -176,8 +194,9 @@ def claim_in(conn: Connection, *, worker: str, limit: int, now: datetime,
              claim_timeout_seconds: float, avoid_lanes: Iterable[tuple[str, str]] = (),
              skip_shards: Sequence[int] = (), fill_from_skipped: bool = True,
              meters: Sequence[str] | None = None) -> Claim:
-    """Claim up to ``limit`` due events of mapped tenants in one statement, oldest due first,
-    in the caller's transaction.
+    """Claim up to ``limit`` due events of mapped tenants in one statement, in the caller's
+    transaction: first those a draft invoice still needs (marked with when it finalizes,
+    :mod:`webapp.outbox.invoices`), soonest to finalize first; then the oldest due.
 
     PostgreSQL: ``SELECT … FOR UPDATE SKIP LOCKED`` feeds ``UPDATE … RETURNING``, so
     concurrent claimers never wait on or see each other's rows, even before either commits.
@@ -235,8 +254,19 @@ def _sqlite_claim(token: str, worker: str, limit: int, now: datetime, deadline: 
                           .concat(T.c.meter).not_in([f"{c}\x1f{m}" for c, m in lanes]))
     if meters is not None:
         conditions.append(T.c.meter.in_(list(meters)))
-    candidates = (select(T.c.id).where(*conditions)
-                  .order_by(T.c.next_attempt_at, T.c.id).limit(limit))
+    # Draft invoices' events first, soonest to finalize first; then the rest of the batch.
+    first = (select(T.c.id, literal(0).label("part"),
+                    T.c.invoice_finalizes_at.label("due"), T.c.next_attempt_at.label("next"))
+             .where(*conditions, text("stripe_usage_outbox.invoice_finalizes_at IS NOT NULL"))
+             .order_by(T.c.invoice_finalizes_at, T.c.next_attempt_at, T.c.id)
+             .limit(limit).subquery())
+    rest = (select(T.c.id, literal(1).label("part"), T.c.next_attempt_at.label("due"),
+                   T.c.next_attempt_at.label("next"))
+            .where(*conditions, T.c.invoice_finalizes_at.is_(None))
+            .order_by(T.c.next_attempt_at, T.c.id).limit(limit).subquery())
+    both = union_all(select(first), select(rest)).subquery()
+    candidates = (select(both.c.id)
+                  .order_by(both.c.part, both.c.due, both.c.next, both.c.id).limit(limit))
     values = dict(status=Status.PROCESSING.value, claim_token=token, claimed_by=worker,
                   processing_deadline_at=deadline, updated_at=now,
                   stripe_customer_id=func.coalesce(T.c.stripe_customer_id, mapped),

@@ -45,9 +45,11 @@ from ..models import (
     AttemptRollup,
     AuditEntry,
     AuditEvent,
+    BillingWatch,
     Control,
     DeliveryAttempt,
     DrainerHeartbeat,
+    LateUsage,
     OutboxEvent,
     PrunedUsageRollup,
     ReconciledDay,
@@ -64,7 +66,10 @@ from ..models import (
     StripeCustomerCheck,
     StripeErrorSample,
     StripeEvent,
+    StripeInvoice,
+    StripeInvoicePeriod,
     StripeMeter,
+    StripeSubscriptionItem,
     SyncState,
     Tenant,
     User,
@@ -101,6 +106,11 @@ RECON_MISMATCHES = cast(Table, ReconciliationMismatch.__table__)
 RECON_DAYS = cast(Table, ReconciledDay.__table__)
 RECON_MONTHS = cast(Table, ReconciledMonth.__table__)
 RECON_METER_DAYS = cast(Table, ReconciledMeterDay.__table__)
+SUBSCRIPTION_ITEMS = cast(Table, StripeSubscriptionItem.__table__)
+INVOICES = cast(Table, StripeInvoice.__table__)
+INVOICE_PERIODS = cast(Table, StripeInvoicePeriod.__table__)
+LATE_USAGE = cast(Table, LateUsage.__table__)
+BILLING_WATCH = cast(Table, BillingWatch.__table__)
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 

@@ -15,6 +15,10 @@ from .sql import SYNC_STATE, as_utc, insert_for
 METERS = "meters"
 EVENTS = "events"
 RECONCILE = "reconcile"
+#: Reading Stripe's subscriptions and invoices (``webapp.worker.invoices``).
+BILLING = "billing"
+#: When the last complete listing of invoices began (the next one starts from there).
+INVOICES_MARK = "billing-invoices"
 
 
 @dataclass(frozen=True)
