@@ -78,6 +78,10 @@ class Settings:
     stripe_webhook_secret: str | None = field(default=None, repr=False)
     events_poll_seconds: float = 60.0
     meters_refresh_seconds: float = 300.0
+    #: How often Stripe's subscriptions and invoices are read (``STRIPE_BILLING_REFRESH_SECONDS``).
+    billing_refresh_seconds: float = 900.0
+    #: A draft invoice finalizing within this long with usage unsent is a risk to warn of.
+    invoice_risk_seconds: float = 3600.0
     reconcile_interval_seconds: float = 86400.0
     reconcile_settle_seconds: float = 3600.0
     log_format: str = "text"
@@ -184,6 +188,10 @@ class Settings:
                                         high=86_400),
             meters_refresh_seconds=number(env, "STRIPE_METERS_REFRESH_SECONDS", 300.0,
                                            low=5.0, high=86_400),
+            billing_refresh_seconds=number(env, "STRIPE_BILLING_REFRESH_SECONDS", 900.0,
+                                            low=30.0, high=86_400),
+            invoice_risk_seconds=number(env, "INVOICE_RISK_SECONDS", 3600.0, low=60.0,
+                                         high=72 * 3600.0),
             reconcile_interval_seconds=number(env, "RECONCILE_INTERVAL_SECONDS", 86400.0,
                                                low=0.0, high=30 * 86_400),
             reconcile_settle_seconds=number(env, "RECONCILE_SETTLE_SECONDS", 3600.0,

@@ -39,7 +39,7 @@ def test_the_process_calls_stripe_through_one_gateway(engine: Engine, db_url: st
     assert svc.drainer().gateway is gateway
     readers = {s.service.name: s.service for s in svc.maintenance()}
     assert {name for name, s in readers.items() if getattr(s, "source", None) is gateway} == {
-        "meters", "stripe-events", "reconcile"}
+        "meters", "stripe-billing", "stripe-events", "reconcile"}
     assert svc.drainer().meters is not None
     assert svc.drainer().meters.refresher.source is gateway
 

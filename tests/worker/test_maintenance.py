@@ -89,12 +89,13 @@ def test_a_draining_process_runs_the_rescuer_the_folder_the_pruner_and_the_repor
 
 
 def test_with_a_key_it_also_reads_stripe_back(engine: Engine, db_url: str) -> None:
-    settings = make_settings(db_url, events_poll_seconds=15.0, meters_refresh_seconds=120.0)
+    settings = make_settings(db_url, events_poll_seconds=15.0, meters_refresh_seconds=120.0,
+                             billing_refresh_seconds=600.0)
     scheduled = services_for(engine, settings, gateway_from(settings))
     names = {s.service.name: s.every_seconds for s in scheduled}
     assert names == {"rescue": 7.5, "fold": 60.0, "prune": 3600.0, "usage-reports": 60.0,
                      "defer-unsendable": 60.0, "meters": 120.0, "stripe-events": 15.0,
-                     "reconcile": 300.0}
+                     "stripe-billing": 600.0, "invoice-first": 15.0, "reconcile": 300.0}
 
 
 def test_rescue_is_not_part_of_a_drain_pass(engine: Engine, seed: Any, now: Any,

@@ -1,8 +1,9 @@
 """Our verbs in, plain data and classified outcomes out: send a meter event (or up to 100
-through a meter event stream, :mod:`.stream`); list meters;
-list customers; list and read Stripe's events (API v2); verify a pushed event notification;
-read meter event summaries; cancel a meter event. Only this package imports ``stripe``, and
-only this module (with :mod:`.errors`, :mod:`.http` and :mod:`.stream_sdk`, which it loads)
+through a meter event stream, :mod:`.stream`); list meters; list customers; list
+subscriptions and invoices (:mod:`.invoices_sdk`); list and read Stripe's events (API v2);
+verify a pushed event notification; read meter event summaries; cancel a meter event. Only
+this package imports ``stripe``, and only this module (with :mod:`.errors`, :mod:`.http`,
+:mod:`.stream_sdk` and :mod:`.invoices_sdk`, which it loads)
 at import time: :mod:`.data` and :mod:`.stream` hold what the rest of the product imports."""
 
 from __future__ import annotations
@@ -34,11 +35,12 @@ from .data import (
 )
 from .errors import classify_error
 from .http import Urllib3Client
+from .invoices_sdk import BillingReads
 from .stream import StreamResult
 from .stream_sdk import StreamSender
 
 
-class SdkGateway:
+class SdkGateway(BillingReads):
     """The official SDK behind our verbs (the :class:`~.protocol.StripeGateway` of the
     product); never raises for a send's answer.
 
@@ -196,7 +198,8 @@ class SdkGateway:
         try:
             page = self._client.v2.core.events.list(params=params)  # type: ignore[arg-type]
             for ev in page.auto_paging_iter():
-                yield ThinEvent(str(ev.id), str(ev.type), _parse_time(ev.created))
+                yield ThinEvent(str(ev.id), str(ev.type), _parse_time(ev.created),
+                                _related_id(ev))
         except stripe.StripeError as exc:
             raise StripeCallFailed("listing events", classify_error(exc)) from exc
 
@@ -216,7 +219,8 @@ class SdkGateway:
             note = self._client.parse_event_notification(raw, signature, secret)
         except (stripe.SignatureVerificationError, ValueError) as exc:
             raise InvalidSignature(str(exc) or "bad signature") from exc
-        return ThinEvent(str(note.id), str(note.type), _parse_time(note.created))
+        return ThinEvent(str(note.id), str(note.type), _parse_time(note.created),
+                         _related_id(note))
 
     # -- summaries and adjustments ----------------------------------------------------------
     def meter_event_summaries(self, meter_id: str, customer: str, *, start: datetime,
@@ -261,6 +265,13 @@ class SdkGateway:
 
     def close(self) -> None:
         self._http.close()
+
+
+def _related_id(event: Any) -> str | None:
+    """A thin event's ``related_object.id`` (None without one)."""
+    related = getattr(event, "related_object", None)
+    found = getattr(related, "id", None)
+    return None if found is None else str(found)
 
 
 def _summary(s: Any) -> SummaryItem:

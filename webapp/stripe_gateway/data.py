@@ -58,6 +58,8 @@ class ThinEvent:
     id: str
     type: str
     created: datetime
+    #: The object it is about (``related_object.id``: an invoice's id for invoice events).
+    related_id: str | None = None
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """What the outbox asks of Stripe, as one protocol: the worker's sends (one event, or up to
-100 through a stream), the meters, customers, events and summaries that the maintenance
-services, the reconciler and the commands read, a push's signature, and a cancel.
+100 through a stream), the meters, customers, subscriptions, invoices, events and summaries
+that the maintenance services, the reconciler and the commands read, a push's signature, and a
+cancel.
 
 :class:`~webapp.stripe_gateway.client.SdkGateway` (the official SDK) is the product's only
 implementation: :class:`webapp.services.Services` builds it once per process and hands it to
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
     from ..outbox.adjustments import CancelAnswer
     from ..outbox.customers import CustomerCheck
     from ..outbox.error_reports import StripeReport
+    from ..outbox.invoices import InvoiceInfo, MeteredItem
     from ..outbox.meters import MeterInfo
     from ..outbox.states import CallResult
     from ..outbox.tenant_sync import StripeCustomer
@@ -53,6 +55,14 @@ class StripeGateway(Protocol):
                        pace: Callable[[], object] | None = ...) -> list[StripeCustomer]: ...
 
     def retrieve_customer(self, customer_id: str) -> CustomerCheck: ...
+
+    def list_subscriptions(self, *, page_size: int = ...,
+                           pace: Callable[[], object] | None = ...) -> list[MeteredItem]: ...
+
+    def list_invoices(self, *, created_gte: datetime, page_size: int = ...,
+                      pace: Callable[[], object] | None = ...) -> list[InvoiceInfo]: ...
+
+    def retrieve_invoice(self, invoice_id: str) -> InvoiceInfo | None: ...
 
     def list_events(self, types: tuple[str, ...], *,
                     created_gte: datetime | None) -> Iterator[ThinEvent]: ...

@@ -1,6 +1,7 @@
 """``POST /stripe/webhook``: Stripe's event destination pushes thin events here. The view only
 verifies the signature (through the SDK, with ``STRIPE_WEBHOOK_SECRET``) and hands the event
-on, read in full, to the same store the poll uses; no session, no CSRF token (Stripe signs
+on, read in full, to the same store the poll uses (an invoice event: that invoice, read and
+kept as the billing refresher keeps it); no session, no CSRF token (Stripe signs
 instead). Without a secret the route does not exist (404) and polling alone is used."""
 
 from __future__ import annotations
@@ -14,7 +15,13 @@ from ..db import reading
 from ..outbox.error_reports import REPORT_TYPES
 from ..outbox.rejections import is_stored
 from ..stripe_gateway import InvalidSignature, StripeCallFailed
-from ..worker import MeterRefresher, customer_directory, receive_report
+from ..worker import (
+    INVOICE_EVENT_TYPES,
+    MeterRefresher,
+    customer_directory,
+    receive_invoice,
+    receive_report,
+)
 from .common import now, svc
 
 bp = Blueprint("webhook", __name__)
@@ -36,6 +43,14 @@ def receive() -> ResponseReturnValue:
     except InvalidSignature:
         log.warning("webhook: a push with a missing or bad signature was refused")
         return jsonify(status="error", message="bad signature"), 400
+    if thin.type in INVOICE_EVENT_TYPES and thin.related_id:
+        try:
+            kept = receive_invoice(svc().engine, gateway, thin.related_id, now=now())
+        except StripeCallFailed as exc:
+            log.warning("webhook: invoice %s could not be read from Stripe: %s",
+                        thin.related_id, exc)
+            return jsonify(status="error", message="could not read the invoice; push again"), 503
+        return jsonify(status="stored" if kept else "ignored", id=thin.id, type=thin.type)
     if thin.type not in REPORT_TYPES:
         return jsonify(status="ignored", id=thin.id, type=thin.type)
     with reading(svc().engine) as conn:

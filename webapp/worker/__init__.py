@@ -11,6 +11,8 @@ What the rest of the product may use (``webapp.web`` imports nothing deeper):
   :func:`check_customers` (whether tenants may be mapped to customers: asked before a mapping),
   :func:`reconcile` and :class:`Reconciler`, :func:`cancel_events` — the exchanges with
   Stripe after its 200 (meters, error reports, reconciliation, cancel);
+- :class:`BillingRefresher` (built by :func:`billing_refresher`), :func:`receive_invoice` —
+  Stripe's subscriptions and invoices, read on a schedule, on its invoice events and pushed;
 - :func:`stripe_customers` — Stripe's customers for the tenant sync;
 - :func:`freeze_startup_objects` — the ``worker`` command's garbage-collector tweak;
   :func:`gateway_from` — the Stripe gateway the settings describe.
@@ -24,6 +26,13 @@ from .cancelling import CancelOutcome, cancel_events
 from .customers import check_customers, customer_directory, stripe_customers
 from .drainer import Drainer, DrainSummary
 from .folder import RollupFolder
+from .invoices import (
+    INVOICE_EVENT_TYPES,
+    BillingRefresher,
+    RefreshSummary,
+    billing_refresher,
+    receive_invoice,
+)
 from .maintenance import Maintenance, Scheduled, services_for
 from .meters import MeterRefresher
 from .pipeline import run as run_drainer
@@ -35,9 +44,10 @@ from .report_writer import prepare as prepare_report
 from .rescuer import Rescuer
 from .stripe_events import EventPoller, PollSummary, event_poller, receive_report
 
-__all__ = ["CancelOutcome", "DrainSummary", "Drainer", "EventPoller", "Maintenance",
-           "MeterRefresher", "PollSummary", "RECONCILE_LEASE_SECONDS", "Reconciler",
-           "ReportBusy", "Rescuer", "RollupFolder", "Scheduled", "cancel_events",
-           "check_customers", "customer_directory", "event_poller", "freeze_startup_objects",
-           "gateway_from", "prepare_report", "receive_report", "reconcile", "run_drainer",
+__all__ = ["INVOICE_EVENT_TYPES", "BillingRefresher", "CancelOutcome", "DrainSummary", "Drainer",
+           "EventPoller", "Maintenance", "MeterRefresher", "PollSummary",
+           "RECONCILE_LEASE_SECONDS", "Reconciler", "RefreshSummary", "ReportBusy", "Rescuer",
+           "RollupFolder", "Scheduled", "cancel_events", "billing_refresher", "check_customers",
+           "customer_directory", "event_poller", "freeze_startup_objects", "gateway_from",
+           "prepare_report", "receive_invoice", "receive_report", "reconcile", "run_drainer",
            "services_for", "stripe_customers"]

@@ -18,6 +18,7 @@ from ..config import Settings
 from ..models import utcnow
 from ..stripe_gateway import StripeCallFailed, StripeGateway
 from . import deferrer, folder, pruner, reconciler, reporter, rescuer
+from .invoices import MARK_SECONDS, InvoiceFirst, billing_refresher
 from .meters import MeterRefresher
 from .stripe_events import event_poller
 
@@ -44,8 +45,9 @@ def services_for(engine: Engine, settings: Settings, gateway: StripeGateway | No
                  clock: Callable[[], datetime] = utcnow) -> list[Scheduled]:
     """The maintenance a draining process runs, with each service's cadence: the rescuer,
     the rollup folder, the pruner, the usage reporter and the deferrer of unmapped tenants'
-    events always; with a gateway (``STRIPE_API_KEY`` set), reading Stripe's meters, its error
-    reports, and reconciling when due."""
+    events always; with a gateway (``STRIPE_API_KEY`` set), reading Stripe's meters, its
+    subscriptions and invoices (and marking what a draft invoice still needs), its error
+    reports and invoice events, and reconciling when due."""
     out = [Scheduled(rescuer.Rescuer(engine, clock=clock), rescuer.interval_seconds(settings)),
            Scheduled(folder.RollupFolder(engine, settings, clock=clock),
                      folder.INTERVAL_SECONDS),
@@ -56,9 +58,14 @@ def services_for(engine: Engine, settings: Settings, gateway: StripeGateway | No
     if gateway is None:
         return out
     meters = MeterRefresher(engine, gateway, clock=clock)
+    billing = billing_refresher(engine, gateway, settings, clock=clock)
     out += [Scheduled(meters, settings.meters_refresh_seconds),
+            Scheduled(billing, settings.billing_refresh_seconds),
+            Scheduled(InvoiceFirst(engine, risk_seconds=settings.invoice_risk_seconds,
+                                   clock=clock), MARK_SECONDS),
             Scheduled(event_poller(engine, gateway, settings, clock=clock,
-                                   on_meter_codes=meters.run_once),
+                                   on_meter_codes=meters.run_once,
+                                   on_invoice_events=billing.on_invoice_events),
                       settings.events_poll_seconds),
             Scheduled(reconciler.Reconciler(engine, gateway, settings, clock=clock),
                       reconciler.CHECK_SECONDS)]

@@ -20,7 +20,9 @@ from ..outbox import rejections, stripe_runs
 from ..outbox.customers import CustomerCheck
 from ..outbox.error_reports import REPORT_TYPES, StripeReport
 from ..stripe_gateway import StripeGateway
+from ..stripe_gateway.data import ThinEvent
 from .customers import CustomerDirectory, customer_directory
+from .invoices import INVOICE_EVENT_TYPES
 from .throttle import process_limiter
 
 log = logging.getLogger(__name__)
@@ -107,8 +109,12 @@ class EventPoller:
                  on_meter_codes: Callable[[], object] | None = None,
                  max_requests_per_second: float | None = None,
                  parallel: int = PARALLEL,
-                 customers: CustomerDirectory | None = None) -> None:
+                 customers: CustomerDirectory | None = None,
+                 on_invoice_events: Callable[[list[ThinEvent]], object] | None = None
+                 ) -> None:
         self.engine = engine
+        #: Given Stripe's invoice events listed since the last read of the invoices.
+        self.on_invoice_events = on_invoice_events
         self.source = source
         self.clock = clock
         self.on_meter_codes = on_meter_codes
@@ -177,14 +183,32 @@ class EventPoller:
         stripe_runs.record_run(self.engine, stripe_runs.EVENTS, ok=True,
                                detail=f"{summary.events} new events, {summary.rejected} "
                                f"rejected, {summary.unmatched} unmatched samples", now=now)
+        if self.on_invoice_events is not None:
+            self._invoice_events(now)
         return summary
+
+    def _invoice_events(self, now: datetime) -> None:
+        """List the invoice events since the invoices were last read, and hand them on."""
+        assert self.on_invoice_events is not None
+        with reading(self.engine) as conn:
+            mark = stripe_runs.run_status(conn, stripe_runs.INVOICES_MARK).ran_at
+        if mark is None:        # never read: the billing refresher reads them at its start
+            return
+        listed = list(self.source.list_events(INVOICE_EVENT_TYPES,
+                                              created_gte=mark - self.OVERLAP))
+        if listed:
+            self.on_invoice_events(listed)
 
 
 def event_poller(engine: Engine, gateway: StripeGateway, settings: Settings, *,
                  clock: Callable[[], datetime] = utcnow,
-                 on_meter_codes: Callable[[], object] | None = None) -> EventPoller:
+                 on_meter_codes: Callable[[], object] | None = None,
+                 on_invoice_events: Callable[[list[ThinEvent]], object] | None = None
+                 ) -> EventPoller:
     """The poller every draining process and ``stripe-events poll`` run: within the process's
-    rate limit, asking Stripe about customers as its reports need."""
+    rate limit, asking Stripe about customers as its reports need, and handing on Stripe's
+    invoice events (``on_invoice_events``: the billing refresher's)."""
     return EventPoller(engine, gateway, clock=clock, on_meter_codes=on_meter_codes,
+                       on_invoice_events=on_invoice_events,
                        max_requests_per_second=settings.stripe_max_requests_per_second,
                        customers=customer_directory(engine, gateway, settings, clock=clock))
