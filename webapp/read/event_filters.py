@@ -4,7 +4,7 @@ chip that names it in plain words (with a link to the list without it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from datetime import date
+from datetime import UTC, date, datetime
 from typing import Any
 
 from ..outbox.states import ALL_STATUSES
@@ -48,6 +48,10 @@ class EventFilters:
     attempts_min: int | None = None
     attempts_max: int | None = None
     request: str = ""  # a stream request's Idempotency-Key: the events it carried
+    #: A billing period: occurred at or after ``period_start``, before ``period_end`` (Unix
+    #: seconds; either open when None).
+    period_start: int | None = None
+    period_end: int | None = None
     report: str = ""  # a Stripe error report's id: the events its errors were traced to
 
     def __post_init__(self) -> None:
@@ -78,6 +82,8 @@ class EventFilters:
             out["audit"] = [str(a) for a in self.audit]
         if self.attempts_min is not None or self.attempts_max is not None:
             out["attempts"] = attempts_text(self.attempts_min, self.attempts_max)
+        if self.period_start is not None or self.period_end is not None:
+            out["period"] = period_text(self.period_start, self.period_end)
         return out
 
     def is_empty(self) -> bool:
@@ -91,6 +97,8 @@ class EventFilters:
             return replace(self, audit=tuple(a for a in self.audit if str(a) != value))
         if name == "attempts":
             return replace(self, attempts_min=None, attempts_max=None)
+        if name == "period":
+            return replace(self, period_start=None, period_end=None)
         default: Any = {f.name: f.default for f in fields(self)}[name]
         changes: dict[str, Any] = {name: default}
         return replace(self, **changes)
@@ -138,6 +146,9 @@ class EventFilters:
                      f"at least {lo} attempts" if hi is None else
                      f"at most {hi} attempts" if lo is None else f"{lo} to {hi} attempts")
             add(words, "attempts")
+        if self.period_start is not None or self.period_end is not None:
+            add("occurred in the billing period " + period_words(self.period_start,
+                                                                  self.period_end), "period")
         return out
 
 
@@ -147,6 +158,19 @@ class Chip:
 
     label: str
     without: dict[str, Any]
+
+
+def period_text(start: int | None, end: int | None) -> str:
+    """A period as its query-string value: ``START-END`` in Unix seconds (either open)."""
+    return f"{'' if start is None else start}-{'' if end is None else end}"
+
+
+def period_words(start: int | None, end: int | None) -> str:
+    """``2026-11-01 00:00 to 2026-12-01 00:00 (UTC)``."""
+    def at(value: int | None) -> str:
+        return "…" if value is None else datetime.fromtimestamp(value, UTC).strftime(
+            "%Y-%m-%d %H:%M")
+    return f"{at(start)} to {at(end)} (UTC)"
 
 
 def attempts_text(low: int | None, high: int | None) -> str:

@@ -106,6 +106,10 @@ def _common(conn: Connection, f: EventFilters, now: datetime) -> list[Any]:
         where.append(T.c.occurred_at >= _day_start(f.occurred_from))
     if f.occurred_to:
         where.append(T.c.occurred_at < _day_start(f.occurred_to) + timedelta(days=1))
+    if f.period_start is not None:
+        where.append(T.c.occurred_at >= datetime.fromtimestamp(f.period_start, UTC))
+    if f.period_end is not None:
+        where.append(T.c.occurred_at < datetime.fromtimestamp(f.period_end, UTC))
     if f.sent_from:
         where.append(T.c.sent_at >= _day_start(f.sent_from))
     if f.sent_to:
@@ -172,7 +176,8 @@ def _pieces(conn: Connection, f: EventFilters, now: datetime) -> list[Piece]:
         return [Piece(common)]
     if not statuses:
         return [Piece([*common, false()])]
-    narrowing = bool(f.age or f.due or f.occurred_from or f.occurred_to)
+    narrowing = bool(f.age or f.due or f.occurred_from or f.occurred_to
+                     or f.period_start is not None or f.period_end is not None)
     # Each with the predicate of its partial index written out, as the other reads do.
     return [Piece([status_is(s), *([IDLE_UNSENT] if s not in ("sent", "processing") else []),
                    *common], narrow=narrowing and s != "sent")

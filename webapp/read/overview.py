@@ -15,6 +15,7 @@ from sqlalchemy import Connection, Engine, func, select
 
 from ..db import reading
 from ..outbox import stripe_runs
+from ..outbox.billing_watch import INVOICE_RISK, LATE, Watch, watched
 from ..outbox.control import PauseState, pause_state
 from ..outbox.sendable import ON_ITS_WAY, WAITING
 from ..outbox.sql import ATTEMPTS, T, status_is
@@ -84,6 +85,9 @@ class Overview:
     waiting_for_meters: list[WaitingForMeter]
     range: Range
     chart: list[Bucket]          # sent events per bucket of ``range``
+    #: The billing figures kept for the status line (``invoice_risk``, ``late``).
+    billing: dict[str, Watch] = field(default_factory=dict)
+    invoice_risk_seconds: float = 3600.0
     alerts: list[Alert] = field(default_factory=list)
 
     @property
@@ -107,7 +111,8 @@ class Overview:
 
 def overview(engine: Engine, *, now: datetime, stripe_mode: str = "test",
              oldest_alert: timedelta = OLDEST_PENDING_ALERT,
-             chart_range: str = DEFAULT_RANGE, status: Health | None = None) -> Overview:
+             chart_range: str = DEFAULT_RANGE, status: Health | None = None,
+             invoice_risk_seconds: float = 3600.0) -> Overview:
     """Everything on the overview page, read in one snapshot; the chart over
     ``chart_range`` (a key of ``series.RANGES``; the 1 h and 24 h charts are the figures'
     own buckets, so they cost no extra read). ``status``: the state of sending already read
@@ -132,8 +137,10 @@ def overview(engine: Engine, *, now: datetime, stripe_mode: str = "test",
         events_read = stripe_runs.run_status(conn, stripe_runs.EVENTS)
         reconciled = last_run(conn, whole=True)
         meters = waiting_for_meters(conn)
+        billing = watched(conn)
     ov = Overview(now, counts, oldest, per_minute, per_hour, hour, day, status, switch,
-                  dead_day, near, over, unmapped, events_read, reconciled, meters, rng, chart)
+                  dead_day, near, over, unmapped, events_read, reconciled, meters, rng, chart,
+                  billing, invoice_risk_seconds)
     ov.alerts.extend(_alerts(ov, oldest_alert))
     return ov
 
@@ -173,6 +180,42 @@ def sending_alert(h: Health) -> Alert | None:
     due = h.state in ("holding", "stalled")
     return Alert(h.level, title, h.detail, EVENTS,
                  {"due": "1"} if due else {"status": WAITING_STATUSES})
+
+
+def invoice_at_risk(watch: dict[str, Watch], *, now: datetime,
+                    within: float) -> Watch | None:
+    """The invoice risk kept, while a draft with usage unsent finalizes within ``within``
+    seconds (None otherwise)."""
+    risk = watch.get(INVOICE_RISK)
+    if risk is None or not risk.events or risk.soonest_at is None:
+        return None
+    return risk if (risk.soonest_at - now).total_seconds() <= within else None
+
+
+def billing_alerts(watch: dict[str, Watch], *, now: datetime, within: float) -> list[Alert]:
+    """Usage that may miss its invoice, and usage that did (late, not handled yet)."""
+    out = []
+    risk = invoice_at_risk(watch, now=now, within=within)
+    if risk is not None:
+        when = ("is finalizing now" if risk.soonest_at is not None and risk.soonest_at <= now
+                else f"finalizes in {_human((risk.soonest_at - now).total_seconds())}"
+                if risk.soonest_at is not None else "finalizes soon")
+        out.append(Alert("critical", f"{risk.units:,} unit{'s' if risk.units != 1 else ''} "
+                         "may miss their invoice",
+                         f"{risk.events:,} event(s) of {risk.customers:,} customer(s) are not "
+                         f"at Stripe, and their draft invoice {when}. Usage that arrives "
+                         "after that is on no invoice.", "periods.index",
+                         fix="See what they wait for", fix_link="periods.index"))
+    late = watch.get(LATE)
+    if late is not None and late.events:
+        out.append(Alert("warning", f"Late usage: {late.units:,} unit"
+                         f"{'s' if late.units != 1 else ''} on no invoice",
+                         f"{late.events:,} event(s) of {late.customers:,} customer(s) reached "
+                         "Stripe after their invoice was final, or have not reached it. "
+                         "Bill them on the next invoice or write them off.",
+                         "periods.late_usage", fix="Review late usage",
+                         fix_link="periods.late_usage"))
+    return out
 
 
 def _alerts(ov: Overview, oldest_alert: timedelta) -> list[Alert]:
@@ -225,6 +268,7 @@ def _alerts(ov: Overview, oldest_alert: timedelta) -> list[Alert]:
                             "create or reactivate it in Stripe; they go out once it exists.",
                             EVENTS, {"meter": w.meter, "status": list(WAITING)},
                             "See Stripe's meters", "stripe_side.index"))
+    alerts += billing_alerts(ov.billing, now=ov.now, within=ov.invoice_risk_seconds)
     rec = ov.last_reconciliation
     if rec is not None and rec.mismatches:
         alerts.append(Alert("critical", f"Reconciliation found {rec.mismatches:,} "

@@ -23,6 +23,7 @@ def register_blueprints(app: Flask) -> None:
         health,
         mappings_bulk,
         metrics,
+        periods,
         reconciliation,
         rejected,
         request_input,
@@ -40,6 +41,7 @@ def register_blueprints(app: Flask) -> None:
     templating.init_app(app)
     errors.init_app(app)
     for module in (health, metrics, webhook, auth, dashboard, tenants, dead_letters, rejected,
-                   events, search, reconciliation, stripe_side, audit, users, mappings_bulk):
+                   events, search, reconciliation, periods, stripe_side, audit, users,
+                   mappings_bulk):
         app.register_blueprint(module.bp)
     app.register_blueprint(auth.account_bp)

@@ -35,7 +35,8 @@ def overview() -> ResponseReturnValue:
     line's, read once for the request (``chrome``), also for the live panel alone."""
     settings = svc().settings
     data = overview_reads.overview(svc().engine, now=now(), stripe_mode=settings.stripe_mode,
-                                   chart_range=CHART_RANGE.get(), status=chrome()["health"])
+                                   chart_range=CHART_RANGE.get(), status=chrome()["health"],
+                                   invoice_risk_seconds=settings.invoice_risk_seconds)
     with reading(svc().engine) as conn:
         pruned, _, last_at = pruned_totals(conn)
         next_at = recon.next_scheduled(conn, settings.reconcile_interval_seconds, now=now())

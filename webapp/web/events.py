@@ -59,13 +59,15 @@ REJECT_CODE = Text("reject_code", 100)
 OUTCOME = Text("outcome", 20, pattern=r"[a-z_]+")
 AUDIT_ID = Ids("audit", max_count=10, source="query")
 ATTEMPTS = IntRange("attempts", 0, 1_000_000)
+#: A billing period, ``START-END`` in Unix seconds: the events that occurred in it.
+PERIOD = IntRange("period", 0, 253_402_300_799)
 #: A meter event stream request's ``Idempotency-Key``: the events it carried.
 REQUEST = Text("request", 255, pattern=r"[A-Za-z0-9_:~.-]+")
 #: A Stripe error report's id: the events its errors were traced to.
 REPORT = Text("report", 255)
 LIST_FILTERS = (STATUS, TENANT, CUSTOMER, METER, CREATED_FROM, CREATED_TO, OCCURRED_FROM,
                 OCCURRED_TO, SENT_FROM, SENT_TO, DUE, AGE, CODE, ERROR_CLASS, HTTP, WHY,
-                REJECT_CODE, OUTCOME, AUDIT_ID, ATTEMPTS, REQUEST, REPORT)
+                REJECT_CODE, OUTCOME, AUDIT_ID, ATTEMPTS, REQUEST, REPORT, PERIOD)
 LIMIT = Int("limit", 1, lists.MAX_LIMIT, default=lists.DEFAULT_LIMIT, clamp=True)
 BEFORE = Int("before", 1, MAX_ID)
 
@@ -74,6 +76,8 @@ def list_filters() -> event_filters.EventFilters:
     """The events list's filters from this request (declared by the view)."""
     attempts = ATTEMPTS.get()
     lo, hi = attempts if attempts is not None else (None, None)
+    period = PERIOD.get()
+    start, end = period if period is not None else (None, None)
     return event_filters.EventFilters(
         status=STATUS.get(), tenant=TENANT.get(), customer=CUSTOMER.get(), meter=METER.get(),
         created_from=CREATED_FROM.get(), created_to=CREATED_TO.get(),
@@ -81,7 +85,8 @@ def list_filters() -> event_filters.EventFilters:
         sent_from=SENT_FROM.get(), sent_to=SENT_TO.get(), due=DUE.get(), age=AGE.get(),
         code=CODE.get(), error_class=ERROR_CLASS.get(), http=HTTP.get(), why=WHY.get(),
         reject_code=REJECT_CODE.get(), outcome=OUTCOME.get(), audit=tuple(AUDIT_ID.get()),
-        attempts_min=lo, attempts_max=hi, request=REQUEST.get(), report=REPORT.get())
+        attempts_min=lo, attempts_max=hi, request=REQUEST.get(), report=REPORT.get(),
+        period_start=start, period_end=end)
 
 
 def _detail(event_id: int) -> EventDetail:

@@ -224,7 +224,7 @@ class Choices(Field[tuple[str, ...]]):
         return tuple(c for c in self.choices if c in values)
 
 
-_RANGE = re.compile(r"([0-9]{1,9})?(-([0-9]{1,9})?)?")
+_RANGE = re.compile(r"([0-9]{1,12})?(-([0-9]{1,12})?)?")
 
 
 class IntRange(Field[tuple[int | None, int | None] | None]):

@@ -14,8 +14,10 @@ from markupsafe import Markup, escape
 
 from ..config import STRIPE_API_BASE_DEFAULT, STRIPE_METER_EVENTS_BASE_DEFAULT
 from ..db import reading
+from ..outbox.billing_watch import watched
 from ..outbox.guards import REQUEUE_PAGE_WORDS
 from ..read.health import Health, health
+from ..read.overview import invoice_at_risk
 from ..read.words import (
     CANCEL_WORDS,
     found_by_words,
@@ -34,20 +36,24 @@ log = logging.getLogger(__name__)
 
 def chrome() -> dict[str, Any]:
     """The layout's status strip: the state of sending (:mod:`webapp.read.health`, which
-    includes the pause switch) and Stripe mode (never the key)."""
+    includes the pause switch), a draft invoice about to finalize with usage unsent (kept by
+    the maintenance, one row), and Stripe mode (never the key)."""
     if "chrome" not in g:
         settings = svc().settings
         status: Health | None
+        risk = None
         try:
             with reading(svc().engine) as conn:
                 status = health(conn, now=now(), api_key_here=settings.stripe_mode != "none")
+                risk = invoice_at_risk(watched(conn), now=now(),
+                                       within=settings.invoice_risk_seconds)
         except Exception:  # noqa: BLE001 - the error page must render without a database
             log.warning("could not read the sending state", exc_info=True)
             status = None
         # Anything but Stripe's own API (a local fake, a proxy) is shown on every page, so a
         # demo or test setting never runs silently in production.
         api_base, streams_base = settings.stripe_api_base, settings.meter_events_base
-        g.chrome = {"health": status, "stripe_mode": settings.stripe_mode,
+        g.chrome = {"health": status, "invoice_risk": risk, "stripe_mode": settings.stripe_mode,
                     "meter_event_api": settings.meter_event_api,
                     "api_base": None if api_base == STRIPE_API_BASE_DEFAULT else api_base,
                     "meter_events_base": (None if streams_base
@@ -152,11 +158,12 @@ def usage_events_url(tenant_id: str, meter: str, status: str, start: str, end: s
     return _prefix("events.show", event_id=1).rstrip("/") + "?" + query
 #: Stripe's dashboard; test-mode objects live under ``/test/``.
 STRIPE_DASHBOARD = "https://dashboard.stripe.com/"
-_STRIPE_PAGES = {"customer": "customers/", "request": "logs/"}
+_STRIPE_PAGES = {"customer": "customers/", "request": "logs/", "invoice": "invoices/"}
 
 
 def stripe_url(kind: str, stripe_id: str) -> str:
-    """Where Stripe's dashboard shows a customer (``cus_…``) or a request (``req_…``): under
+    """Where Stripe's dashboard shows a customer (``cus_…``), a request (``req_…``) or an
+    invoice (``in_…``): under
     ``/test/`` unless the API key is a live one (its prefix decides; the key is never shown)."""
     mode = "" if svc().settings.stripe_mode == "live" else "test/"
     return STRIPE_DASHBOARD + mode + _STRIPE_PAGES[kind] + quote(stripe_id, safe="")
@@ -239,6 +246,22 @@ def qs(**params: Any) -> str:
     return urlencode({k: v for k, v in params.items() if v not in (None, "")})
 
 
+#: What a closing period's unsent events wait for, as the events list filters them.
+_WAIT_STATUSES = {"retry": ("pending", "retrying", "processing"), "meter": ("pending",
+                                                                           "retrying"),
+                  "person": ("dead", "rejected"), None: ("pending", "retrying", "processing",
+                                                          "dead", "rejected")}
+
+
+def period_events_url(period: Any, wait: str | None = None) -> str:
+    """The events list of a closing period's events not at Stripe (those waiting for
+    ``wait``: ``retry``, ``meter`` or ``person``; None: all of them)."""
+    return url_for("events.find", tenant=period.tenant_id, meter=period.meter,
+                   status=list(_WAIT_STATUSES[wait]),
+                   period=f"{int(period.period_start.timestamp())}-"
+                          f"{int(period.period_end.timestamp())}")
+
+
 def is_stream_request(key: str | None) -> bool:
     """Whether an attempt's idempotency key is a meter event stream request's (its events
     are listed by ``/events?request=KEY``)."""
@@ -265,7 +288,8 @@ def init_app(app: Flask) -> None:
                                  usage_events_url=usage_events_url,
                                  stripe_url=stripe_url, stripe_link=stripe_link,
                                  min_password=MIN_PASSWORD, cancel_words=CANCEL_WORDS,
-                                 requeue_words=REQUEUE_PAGE_WORDS, stripe_keyed=stripe_keyed)
+                                 requeue_words=REQUEUE_PAGE_WORDS, stripe_keyed=stripe_keyed,
+                                 period_events_url=period_events_url)
 
     @app.context_processor
     def inject() -> dict[str, Any]:

@@ -1,0 +1,98 @@
+"""Billing periods (finance): the periods that are closing — each draft invoice, how long
+before Stripe finalizes it, and what of its usage is not at Stripe yet and why — and late
+usage: what reached Stripe after its invoice was final, billed on the next invoice or written
+off here (operators; viewers see). Everything is read from what the billing refresher keeps;
+nothing is asked of Stripe per view."""
+
+from __future__ import annotations
+
+from flask import Blueprint, flash, redirect, url_for
+from flask.typing import ResponseReturnValue
+
+from ..db import reading
+from ..outbox import billing_watch, late
+from ..outbox.operations import RESOLVE_REASONS
+from ..read.periods import periods_page
+from .common import now, render, svc
+from .errors import back_to
+from .params import NOTE, REASON, Ids, Text, accepts
+from .security import current_user, require_role
+
+bp = Blueprint("periods", __name__)
+
+AFTER = Text("after", 255, pattern=r"[A-Za-z0-9_]+")
+IDS = Ids("ids", max_count=500)
+#: The late events a page lists at most (oldest first).
+LATE_SHOWN = 500
+
+
+@bp.get("/periods")
+@require_role("viewer")
+@accepts(AFTER)
+def index() -> ResponseReturnValue:
+    """The closing periods, soonest to finalize first."""
+    settings = svc().settings
+    with reading(svc().engine) as conn:
+        page = periods_page(conn, now(), after=AFTER.get() or None)
+    return render("periods/index.html", page=page, risk_seconds=settings.invoice_risk_seconds,
+                  refresh_seconds=settings.billing_refresh_seconds,
+                  keyed=settings.stripe_mode != "none")
+
+
+@bp.get("/periods/late")
+@require_role("viewer")
+def late_usage() -> ResponseReturnValue:
+    """Late usage not handled yet, with units per customer."""
+    with reading(svc().engine) as conn:
+        found = late.late_events(conn)
+    per_customer: dict[tuple[str, str], list[int]] = {}
+    for e in found:
+        totals = per_customer.setdefault((e.stripe_customer_id, e.meter), [0, 0])
+        totals[0] += 1
+        totals[1] += e.quantity
+    return render("periods/late.html", events=found[:LATE_SHOWN], total=len(found),
+                  units=sum(e.quantity for e in found), per_customer=per_customer,
+                  reasons=RESOLVE_REASONS)
+
+
+def _done() -> ResponseReturnValue:
+    billing_watch.keep_late(svc().engine, now=now())
+    return redirect(url_for("periods.late_usage"), code=303)
+
+
+@bp.post("/periods/late/bill-next")
+@require_role("operator")
+@accepts(IDS, NOTE)
+def bill_next() -> ResponseReturnValue:
+    """Bill the selected late events on their customers' next invoices."""
+    back_to(url_for("periods.late_usage"))
+    user = current_user()
+    assert user is not None
+    result = late.bill_next(svc().engine, IDS.get(), actor=user.email, note=NOTE.get(),
+                            now=now())
+    if result.new_events:
+        flash(f"Billing {len(result.new_events):,} late event(s) on the next invoice: each "
+              "was enqueued again, timestamped now, and goes out with the next drain.", "ok")
+    if result.already:
+        flash(f"{len(result.already):,} event(s) had been handled before; nothing more was "
+              "done for them.", "info")
+    return _done()
+
+
+@bp.post("/periods/late/write-off")
+@require_role("operator")
+@accepts(IDS, REASON, NOTE)
+def write_off() -> ResponseReturnValue:
+    """Close the selected late events unbilled, with a reason."""
+    back_to(url_for("periods.late_usage"))
+    user = current_user()
+    assert user is not None
+    result = late.write_off(svc().engine, IDS.get(), actor=user.email, reason=REASON.get(),
+                            note=NOTE.get(), now=now())
+    if result.handled:
+        flash(f"Wrote off {len(result.handled):,} late event(s): they will not be billed.",
+              "ok")
+    if result.already:
+        flash(f"{len(result.already):,} event(s) had been handled before; nothing more was "
+              "done for them.", "info")
+    return _done()
