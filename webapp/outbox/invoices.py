@@ -137,6 +137,14 @@ def store_invoices(engine: Engine, invoices: Iterable[InvoiceInfo], *, now: date
     many were stored."""
     listed = list({i.id: i for i in invoices}.values())
     with engine.begin() as conn:
+        # Read before anything is written: which invoices are kept already (their lines are
+        # replaced) and the meters of the items. Done per chunk, these lookups would scan a
+        # table this very transaction is filling (its statistics say it is empty), once a
+        # chunk: quadratic over a first read of 100,000 invoices.
+        kept = _present(conn, INVOICES.c.id, [i.id for i in listed])
+        items = _present(conn, SUBSCRIPTION_ITEMS.c.id,
+                         sorted({line.subscription_item_id for i in listed for line in i.lines}),
+                         SUBSCRIPTION_ITEMS.c.meter)
         ins = insert_for(conn, INVOICES)
         upsert = ins.on_conflict_do_update(
             index_elements=[INVOICES.c.id],
@@ -151,19 +159,17 @@ def store_invoices(engine: Engine, invoices: Iterable[InvoiceInfo], *, now: date
                      created=i.created,
                      finalizes_at=i.finalizes_at if i.status == DRAFT else None,
                      finalized_at=i.finalized_at, seen_at=now) for i in chunk])
-            wanted = {line.subscription_item_id for i in chunk for line in i.lines}
-            known = {str(r.id): r.meter for r in conn.execute(
-                select(SUBSCRIPTION_ITEMS.c.id, SUBSCRIPTION_ITEMS.c.meter)
-                .where(SUBSCRIPTION_ITEMS.c.id.in_(sorted(wanted))))} if wanted else {}
-            conn.execute(delete(INVOICE_PERIODS).where(
-                INVOICE_PERIODS.c.invoice_id.in_([i.id for i in chunk])))
+            again = [i.id for i in chunk if i.id in kept]
+            if again:
+                conn.execute(delete(INVOICE_PERIODS).where(
+                    INVOICE_PERIODS.c.invoice_id.in_(again)))
             periods = [dict(invoice_id=i.id, subscription_item_id=line.subscription_item_id,
                             stripe_customer_id=i.stripe_customer_id,
-                            meter=known[line.subscription_item_id], period_start=line.start,
+                            meter=items[line.subscription_item_id], period_start=line.start,
                             period_end=line.end, quantity=line.quantity)
                        for i in chunk
                        for line in {x.subscription_item_id: x for x in i.lines}.values()
-                       if line.subscription_item_id in known]
+                       if line.subscription_item_id in items]
             if periods:
                 conn.execute(insert_for(conn, INVOICE_PERIODS), periods)
         if listed_since is not None:
@@ -171,6 +177,22 @@ def store_invoices(engine: Engine, invoices: Iterable[InvoiceInfo], *, now: date
                 INVOICES.c.status == DRAFT, INVOICES.c.created >= listed_since,
                 INVOICES.c.seen_at < now).values(status=DELETED, finalizes_at=None))
     return len(listed)
+
+
+def _present(conn: Connection, key: Any, wanted: Sequence[str], value: Any = None
+             ) -> dict[str, Any]:
+    """Which of ``wanted`` the table of ``key`` holds (key -> ``value``'s column, or None):
+    a lookup of these keys for a few, one read of the whole column for many (a scan the
+    planner would choose anyway, done once)."""
+    if not wanted:
+        return {}
+    cols = [key] if value is None else [key, value]
+    if len(wanted) <= CHUNK:
+        rows = conn.execute(select(*cols).where(key.in_(list(wanted))))
+    else:
+        rows = conn.execute(select(*cols))
+    want = set(wanted)
+    return {str(r[0]): (r[1] if value is not None else None) for r in rows if str(r[0]) in want}
 
 
 def oldest_draft_created(conn: Connection) -> datetime | None:
