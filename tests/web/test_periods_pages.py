@@ -60,6 +60,19 @@ def test_periods_page_shows_each_draft_and_what_it_waits_for(engine: Engine, app
     assert "may miss their invoice" in _text(viewer.get("/"))
 
 
+def test_while_sending_is_paused_the_page_says_so_beside_what_is_on_the_way(
+        engine: Engine, client_as: Client) -> None:
+    from webapp.outbox.control import set_paused
+
+    _draft(engine, timedelta(minutes=20))
+    table = _text(client_as("viewer").get("/periods")).split('id="drafts-table"', 1)[1]
+    assert "2 on the way" in table and "sent or retried on their own" in table
+    set_paused(engine, paused=True, reason="maintenance", kind="manual", by="ops",
+               now=utcnow())
+    table = _text(client_as("viewer").get("/periods")).split('id="drafts-table"', 1)[1]
+    assert "but sending is paused" in table and "on their own" not in table
+
+
 def test_no_warning_while_the_draft_finalizes_later_than_the_risk_window(
         engine: Engine, client_as: Client) -> None:
     _draft(engine, timedelta(hours=5))

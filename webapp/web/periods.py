@@ -17,11 +17,16 @@ from .common import now, render, svc
 from .errors import back_to
 from .params import NOTE, REASON, Ids, Text, accepts
 from .security import current_user, require_role
+from .templating import chrome
 
 bp = Blueprint("periods", __name__)
 
 AFTER = Text("after", 255, pattern=r"[A-Za-z0-9_]+")
 IDS = Ids("ids", max_count=500)
+#: The states of sending (``webapp.read.health``) in which nothing goes out on its own, as
+#: the periods page says them.
+STOPPED = {"paused": "paused", "holding": "held (Stripe is failing)", "stalled": "stalled",
+           "no_api_key": "off (no API key)"}
 #: The late events a page lists at most (oldest first).
 LATE_SHOWN = 500
 
@@ -34,9 +39,12 @@ def index() -> ResponseReturnValue:
     settings = svc().settings
     with reading(svc().engine) as conn:
         page = periods_page(conn, now(), after=AFTER.get() or None)
+    # Events "on the way" are not, while sending is stopped: say so beside them.
+    sending = chrome()["health"]
+    stopped = STOPPED.get(sending.state) if sending is not None else None
     return render("periods/index.html", page=page, risk_seconds=settings.invoice_risk_seconds,
                   refresh_seconds=settings.billing_refresh_seconds,
-                  keyed=settings.stripe_mode != "none")
+                  keyed=settings.stripe_mode != "none", stopped=stopped)
 
 
 @bp.get("/periods/late")
