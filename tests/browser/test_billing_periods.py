@@ -14,11 +14,11 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from conftest import _pg_database, worker_env
+from conftest import worker_env
 from sqlalchemy import select
 from support.billing_rows import closing_draft, finalized_period
 from support.served import chromium, served
-from test_browser_dashboard import SHOTS, Stack, Visitor, _need_browser
+from test_browser_dashboard import SHOTS, Stack, Visitor, _need_browser, stack_database
 
 from webapp.db import make_engine
 from webapp.models import LateUsage, utcnow
@@ -36,15 +36,7 @@ def stack(request: pytest.FixtureRequest,
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     _need_browser()
     tmp = tmp_path_factory.mktemp(f"periods-{request.param}")
-    if request.param == "sqlite":
-        from support.databases import SqliteTemplate
-
-        (tmp / "template").mkdir()
-        db_url = SqliteTemplate(tmp / "template").copy_to(tmp / "outbox.sqlite3")
-        db_gen = None
-    else:
-        db_gen = _pg_database()
-        db_url = next(db_gen)
+    db_url, db_gen = stack_database(request.param, tmp)
     engine = make_engine(db_url)
     try:
         now = utcnow()

@@ -64,6 +64,18 @@ def _browser_unavailable() -> str | None:
     return None
 
 
+def stack_database(kind: str, tmp: Path) -> tuple[str, Iterator[str] | None]:
+    """A fresh database for a module's served stack: (its URL, the generator to close at the
+    end, for PostgreSQL)."""
+    if kind == "sqlite":
+        from support.databases import SqliteTemplate
+
+        (tmp / "template").mkdir()
+        return SqliteTemplate(tmp / "template").copy_to(tmp / "outbox.sqlite3"), None
+    db_gen = _pg_database()
+    return next(db_gen), db_gen
+
+
 def _need_browser() -> None:
     reason = _browser_unavailable()
     if reason is None:

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import _pg_database, worker_env
+from conftest import worker_env
 from sqlalchemy import insert, select
 from support.seed import Seed
 from support.served import chromium, served
-from test_browser_dashboard import SHOTS, Stack, Visitor, _need_browser
+from test_browser_dashboard import SHOTS, Stack, Visitor, _need_browser, stack_database
 
 from webapp.db import make_engine
 from webapp.models import utcnow
@@ -51,15 +51,7 @@ def stack(request: pytest.FixtureRequest,
     nothing came first."""
     _need_browser()
     tmp = tmp_path_factory.mktemp(f"finance-{request.param}")
-    if request.param == "sqlite":
-        from support.databases import SqliteTemplate
-
-        (tmp / "template").mkdir()
-        db_url = SqliteTemplate(tmp / "template").copy_to(tmp / "outbox.sqlite3")
-        db_gen = None
-    else:
-        db_gen = _pg_database()
-        db_url = next(db_gen)
+    db_url, db_gen = stack_database(request.param, tmp)
     engine = make_engine(db_url)
     try:
         now = utcnow()

@@ -74,18 +74,24 @@ def _iso(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat()
 
 
+def _drafts() -> Any:
+    """A draft invoice's metered lines: (customer, meter, start, end, invoice_id, status,
+    finalizes_at)."""
+    return (select(INVOICE_PERIODS.c.stripe_customer_id.label("customer"),
+                   INVOICE_PERIODS.c.meter.label("meter"),
+                   INVOICE_PERIODS.c.period_start.label("start"),
+                   INVOICE_PERIODS.c.period_end.label("end"),
+                   INVOICES.c.id.label("invoice_id"), INVOICES.c.status.label("status"),
+                   INVOICES.c.finalizes_at.label("finalizes_at"))
+            .select_from(INVOICES)
+            .join(INVOICE_PERIODS, INVOICE_PERIODS.c.invoice_id == INVOICES.c.id)
+            .where(INVOICES.c.status == invoices.DRAFT, INVOICE_PERIODS.c.meter.is_not(None)))
+
+
 def _windows(now: datetime) -> Any:
     """Every closing window as one subquery: a draft invoice's metered lines, and the items
     whose current period ends within ``ENDS_WITHIN`` (or ended, with no invoice read yet)."""
-    drafts = (select(INVOICE_PERIODS.c.stripe_customer_id.label("customer"),
-                     INVOICE_PERIODS.c.meter.label("meter"),
-                     INVOICE_PERIODS.c.period_start.label("start"),
-                     INVOICE_PERIODS.c.period_end.label("end"),
-                     INVOICES.c.id.label("invoice_id"), INVOICES.c.status.label("status"),
-                     INVOICES.c.finalizes_at.label("finalizes_at"))
-              .join(INVOICES, INVOICES.c.id == INVOICE_PERIODS.c.invoice_id)
-              .where(INVOICES.c.status == invoices.DRAFT,
-                     INVOICE_PERIODS.c.meter.is_not(None)))
+    drafts = _drafts()
     billed = (select(INVOICE_PERIODS.c.invoice_id)
               .where(INVOICE_PERIODS.c.subscription_item_id == SUBSCRIPTION_ITEMS.c.id,
                      INVOICE_PERIODS.c.period_start == SUBSCRIPTION_ITEMS.c.current_period_start)
@@ -183,9 +189,6 @@ def periods_summary(conn: Connection, now: datetime) -> PeriodsSummary:
                           late_units=sum(e.quantity for e in late))
 
 
-
-
-
 #: Closing periods a page shows at most, per part.
 PAGE = 50
 
@@ -270,16 +273,7 @@ def periods_page(conn: Connection, now: datetime, *, after: str | None = None,
                  limit: int = PAGE) -> PeriodsPage:
     """One page of closing periods (drafts after the invoice ``after``)."""
     active = set(active_meters(conn))
-    drafts = (select(INVOICE_PERIODS.c.stripe_customer_id.label("customer"),
-                     INVOICE_PERIODS.c.meter.label("meter"),
-                     INVOICE_PERIODS.c.period_start.label("start"),
-                     INVOICE_PERIODS.c.period_end.label("end"),
-                     INVOICES.c.id.label("invoice_id"), INVOICES.c.status.label("status"),
-                     INVOICES.c.finalizes_at.label("finalizes_at"))
-              .select_from(INVOICES)
-              .join(INVOICE_PERIODS, INVOICE_PERIODS.c.invoice_id == INVOICES.c.id)
-              .where(INVOICES.c.status == invoices.DRAFT,
-                     INVOICE_PERIODS.c.meter.is_not(None)))
+    drafts = _drafts()
     if after is not None:
         mark = conn.execute(select(INVOICES.c.finalizes_at).where(
             INVOICES.c.id == after, INVOICES.c.status == invoices.DRAFT)).scalar()
