@@ -96,3 +96,51 @@ def test_bill_next_needs_an_open_period(engine: Engine) -> None:
     with pytest.raises(OperationError, match="no open billing period"):
         late.bill_next(engine, ids["sent_late"], actor="ops", note="n", now=T0)
     assert _late_ids(engine) == ids["sent_late"] + ids["unsent"]
+
+
+def test_the_late_scan_reads_recent_sends_and_finalizations_learned_since(
+        engine: Engine) -> None:
+    from sqlalchemy import update
+    from sqlalchemy.orm import Session
+
+    from webapp.outbox import enqueue_usage, invoices
+    from webapp.outbox.invoices import InvoiceInfo, LinePeriod
+
+    ids = _setup(engine)                     # the first scan (at T0) recorded sent_late
+    from webapp.outbox.sql import LATE_FOUND as found
+
+    with engine.connect() as conn:
+        assert sorted(conn.execute(select(found.c.event_id)).scalars()) == ids["sent_late"]
+    # Sent after the scan, in the finalized period: found by the next scan only.
+    with Session(engine) as db, db.begin():
+        extra = enqueue_usage(db, tenant_id="acme", quantity=7, idempotency_key="later",
+                              occurred_at=T0 - timedelta(hours=4), now=T0).id
+    later = T0 + timedelta(minutes=20)
+    with engine.begin() as conn:
+        conn.execute(update(T).where(T.c.id == extra).values(
+            status="sent", sent_at=later, stripe_customer_id="cus_A"))
+    assert extra not in _late_ids(engine)
+    assert late.find_late(engine, now=later + timedelta(minutes=1)) == 1
+    assert extra in _late_ids(engine)
+    # An earlier invoice whose finalization is learned only now (its period: the one before):
+    # events sent long before this scan, but after that finalization, are late too.
+    before_start = T0 - timedelta(days=63)
+    with Session(engine) as db, db.begin():
+        old = enqueue_usage(db, tenant_id="acme", quantity=5, idempotency_key="old",
+                            occurred_at=T0 - timedelta(days=40),
+                            now=T0 - timedelta(days=21)).id
+    with engine.begin() as conn:
+        conn.execute(update(T).where(T.c.id == old).values(
+            status="sent", sent_at=T0 - timedelta(days=20), stripe_customer_id="cus_A"))
+    assert late.find_late(engine, now=later + timedelta(minutes=2)) == 0   # no invoice known
+    invoices.store_invoices(engine, [InvoiceInfo(
+        "in_old", "cus_A", "sub_A", "paid", T0 - timedelta(days=33), None,
+        T0 - timedelta(days=33) + timedelta(hours=1),
+        (LinePeriod("si_A", before_start, T0 - timedelta(days=33), 1),))],
+        now=later + timedelta(minutes=3))
+    assert late.find_late(engine, now=later + timedelta(minutes=4)) == 1
+    assert old in _late_ids(engine)
+    # Nothing is recorded twice; a handled event is not recorded again.
+    assert late.find_late(engine, now=later + timedelta(minutes=5)) == 0
+    late.write_off(engine, [old], actor="ops", reason="written_off", note="old", now=later)
+    assert old not in _late_ids(engine)

@@ -10,7 +10,7 @@ from sqlalchemy import Engine, update
 from sqlalchemy.orm import Session
 
 from webapp.models import OutboxEvent, utcnow
-from webapp.outbox import enqueue_usage, invoices
+from webapp.outbox import enqueue_usage, invoices, late
 from webapp.outbox.invoices import InvoiceInfo, LinePeriod, MeteredItem
 from webapp.outbox.meters import MeterInfo, store_meters
 from webapp.outbox.operations import set_tenant
@@ -49,6 +49,7 @@ def finalized_period(engine: Engine, *, now: datetime | None = None,
                               ("next", now)):
             conn.execute(update(T).where(T.c.id.in_(ids[kind])).values(
                 status="sent", sent_at=sent_at, stripe_customer_id="cus_A"))
+    late.find_late(engine, now=now)     # as after a read of Stripe's invoices
     return ids
 
 

@@ -9,6 +9,7 @@ meters, its events, reconciliation).
 from .base import NAMING, Base, BigID, UTCDateTime, utcnow
 from .billing import (
     BillingWatch,
+    LateFound,
     LateUsage,
     StripeInvoice,
     StripeInvoicePeriod,
@@ -57,7 +58,8 @@ __all__ = [
     "REPORT_STATUSES",
     "WAITING_IDLE_SQL",
     "AttemptRollup", "AuditEntry", "AuditEvent",
-    "Base", "BigID", "BillingWatch", "Control", "DeliveryAttempt", "DrainerHeartbeat", "LateUsage",
+    "Base", "BigID", "BillingWatch", "Control", "DeliveryAttempt", "DrainerHeartbeat", "LateFound",
+    "LateUsage",
     "LoginThrottle",
     "OutboxEvent",
     "PrunedUsageRollup", "ReconciledDay", "ReconciledMeterDay", "ReconciledMonth",

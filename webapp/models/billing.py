@@ -108,6 +108,21 @@ class LateUsage(Base):
     at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
+class LateFound(Base):
+    """A sent event found to have reached Stripe after its period's invoice was final: on no
+    invoice. Found by scanning what was sent since the last scan (and since the invoices
+    learned to be final), so listing late usage never walks every sent event."""
+
+    __tablename__ = "late_found"
+
+    event_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    invoice_id: Mapped[str] = mapped_column(String(255))
+    period_start: Mapped[datetime] = mapped_column(UTCDateTime())
+    period_end: Mapped[datetime] = mapped_column(UTCDateTime())
+    finalized_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    found_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
 class BillingWatch(Base):
     """A figure the status line and the Overview show about billing periods, worked out by
     the maintenance services (not per page view): ``invoice_risk`` (usage unsent in the

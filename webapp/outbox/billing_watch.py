@@ -14,10 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import Connection, Engine, and_, distinct, func, select
+from sqlalchemy import Connection, Engine, and_, distinct, func, select, union_all
 
 from .invoices import draft_windows
-from .late import UNSENT, late_events
+from .late import find_late, late_events, unsent_parts
 from .sql import BILLING_WATCH, TENANTS, T, as_utc, insert_for, int_sum
 
 INVOICE_RISK, LATE = "invoice_risk", "late"
@@ -47,14 +47,16 @@ def invoice_risk(conn: Connection, *, now: datetime, within: timedelta) -> Watch
     """Usage not at Stripe in the periods of drafts finalizing within ``within``."""
     w = draft_windows()
     customer = func.coalesce(T.c.stripe_customer_id, TENANTS.c.stripe_customer_id)
-    row = conn.execute(
-        select(func.count(distinct(w.c.customer)), func.count(), int_sum(T.c.quantity),
-               func.min(w.c.finalizes_at))
-        .select_from(T)
-        .outerjoin(TENANTS, TENANTS.c.tenant_id == T.c.tenant_id)
-        .join(w, and_(w.c.customer == customer, w.c.meter == T.c.meter,
-                      w.c.start <= T.c.occurred_at, T.c.occurred_at < w.c.end))
-        .where(T.c.status.in_(UNSENT), w.c.finalizes_at <= now + within)).one()
+    # The unsent events by their two indexes (idle, in flight), then counted together.
+    parts = [select(w.c.customer, T.c.quantity, w.c.finalizes_at)
+             .select_from(T)
+             .outerjoin(TENANTS, TENANTS.c.tenant_id == T.c.tenant_id)
+             .join(w, and_(w.c.customer == customer, w.c.meter == T.c.meter,
+                           w.c.start <= T.c.occurred_at, T.c.occurred_at < w.c.end))
+             .where(*where, w.c.finalizes_at <= now + within) for where in unsent_parts()]
+    u = union_all(*parts).subquery("u")
+    row = conn.execute(select(func.count(distinct(u.c.customer)), func.count(),
+                              int_sum(u.c.quantity), func.min(u.c.finalizes_at))).one()
     return Watch(INVOICE_RISK, now, int(row[0] or 0), int(row[1] or 0), int(row[2] or 0),
                  as_utc(row[3]))
 
@@ -68,7 +70,9 @@ def keep_invoice_risk(engine: Engine, *, now: datetime, within: timedelta) -> Wa
 
 
 def keep_late(engine: Engine, *, now: datetime) -> Watch:
-    """Work out ``late`` and keep it."""
+    """Record the late sent events found since the last scan (:func:`.late.find_late`), then
+    work out ``late`` and keep it."""
+    find_late(engine, now=now)
     with engine.begin() as conn:
         found = late_events(conn)
         watch = Watch(LATE, now, len({e.stripe_customer_id for e in found}), len(found),

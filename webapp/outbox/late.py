@@ -16,28 +16,44 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, func, insert, select
+from sqlalchemy import Connection, Engine, and_, func, insert, select, union_all
 from sqlalchemy import update as sa_update
 
 from ..audit import write_audit
+from . import stripe_runs
 from .enqueue import validate_usage
 from .operations import RESOLVE_REASONS, OperationError
 from .sql import (
+    IDLE_UNSENT,
+    IN_FLIGHT_WHERE,
     INVOICE_PERIODS,
     INVOICES,
+    LATE_FOUND,
     LATE_USAGE,
     SUBSCRIPTION_ITEMS,
     TENANTS,
     T,
     as_utc,
     insert_for,
+    status_in,
 )
 
 #: The statuses of events Stripe has not accepted (cancelled and resolved ones are closed).
 UNSENT = ("pending", "retrying", "processing", "dead", "rejected")
+#: The unsent statuses not in flight.
+UNSENT_IDLE = tuple(s for s in UNSENT if s != "processing")
+
+
+def unsent_parts() -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """"Not accepted by Stripe" as two WHERE clauses to query apart and add up: the idle
+    statuses with ``ix_outbox_unsent``'s predicate repeated (so the planner reads that index,
+    not the table), and the events in flight (``ix_outbox_processing_deadline``)."""
+    return (status_in(UNSENT_IDLE), IDLE_UNSENT), (IN_FLIGHT_WHERE,)
+
+
 #: The subscription statuses whose open period bills.
 BILLING_STATUSES = ("active", "trialing", "past_due", "unpaid")
 #: The audit log's names, and ``late_usage.action``.
@@ -79,29 +95,100 @@ def _utc(value: Any) -> datetime:
     return found
 
 
+#: How far before the last scan's start the next one looks again: an event's ``sent_at`` is
+#: the moment its call returned, and its commit comes a little later.
+SCAN_OVERLAP = timedelta(minutes=10)
+
+
+def find_late(engine: Engine, *, now: datetime) -> int:
+    """Record the sent events that reached Stripe after their period's invoice was final, not
+    recorded or handled yet: those sent since the last scan began (less ``SCAN_OVERLAP``), and
+    since the finalization of every invoice read since then (a finalization learned late makes
+    earlier sends late). The first scan reads every sent event; later ones only the recent
+    sends (``ix_outbox_sent_at``), so the cost follows the traffic, not the table. How many
+    were found. Run after each read of Stripe's invoices."""
+    with engine.begin() as conn:
+        mark = stripe_runs.run_status(conn, stripe_runs.LATE_MARK).ran_at
+        since: datetime | None = None
+        if mark is not None:
+            since = mark - SCAN_OVERLAP
+            learned = as_utc(conn.execute(select(func.min(INVOICES.c.finalized_at)).where(
+                INVOICES.c.finalized_at.is_not(None), INVOICES.c.seen_at >= since)).scalar())
+            if learned is not None:
+                since = min(since, learned)
+        recorded = (select(LATE_FOUND.c.event_id).where(LATE_FOUND.c.event_id == T.c.id)
+                    .exists())
+        stmt = (select(T.c.id, INVOICES.c.id.label("invoice_id"), INVOICE_PERIODS.c.period_start,
+                       INVOICE_PERIODS.c.period_end, INVOICES.c.finalized_at)
+                .select_from(T)
+                # A sent event's customer is on its row (fixed at its first claim).
+                .join(INVOICE_PERIODS, and_(
+                    INVOICE_PERIODS.c.stripe_customer_id == T.c.stripe_customer_id,
+                    INVOICE_PERIODS.c.meter == T.c.meter,
+                    INVOICE_PERIODS.c.period_start <= T.c.occurred_at,
+                    T.c.occurred_at < INVOICE_PERIODS.c.period_end))
+                .join(INVOICES, INVOICES.c.id == INVOICE_PERIODS.c.invoice_id)
+                .where(T.c.status == "sent", INVOICES.c.finalized_at.is_not(None),
+                       T.c.sent_at > INVOICES.c.finalized_at, ~recorded, ~_handled())
+                .order_by(T.c.id, INVOICES.c.finalized_at))
+        if since is not None:
+            stmt = stmt.where(T.c.sent_at > since)
+        found: dict[int, Any] = {}
+        for r in conn.execute(stmt):
+            found.setdefault(int(r.id), r)      # two invoices for one period: the first final
+        rows = [dict(event_id=i, invoice_id=str(r.invoice_id), period_start=r.period_start,
+                     period_end=r.period_end, finalized_at=r.finalized_at, found_at=now)
+                for i, r in found.items()]
+        for start in range(0, len(rows), 500):
+            conn.execute(insert_for(conn, LATE_FOUND).on_conflict_do_nothing(
+                index_elements=[LATE_FOUND.c.event_id]), rows[start:start + 500])
+    stripe_runs.record_run(engine, stripe_runs.LATE_MARK, ok=True, now=now,
+                           detail=f"{len(rows)} late sent events found")
+    return len(rows)
+
+
+def _handled() -> Any:
+    return select(LATE_USAGE.c.event_id).where(LATE_USAGE.c.event_id == T.c.id).exists()
+
+
 def late_events(conn: Connection, ids: Sequence[int] | None = None) -> list[LateEvent]:
-    """The late events not handled yet (of ``ids`` when given), oldest first."""
+    """The late events not handled yet (of ``ids`` when given), oldest first: the sent ones
+    :func:`find_late` recorded, and the unsent ones of a period whose invoice is final (read
+    through the unsent events' index: few)."""
     customer = func.coalesce(T.c.stripe_customer_id, TENANTS.c.stripe_customer_id)
-    handled = select(LATE_USAGE.c.event_id).where(LATE_USAGE.c.event_id == T.c.id).exists()
-    stmt = (select(T.c.id, T.c.tenant_id, customer.label("customer"), T.c.meter, T.c.quantity,
-                   T.c.occurred_at, T.c.sent_at, T.c.status, T.c.idempotency_key,
-                   INVOICE_PERIODS.c.period_start, INVOICE_PERIODS.c.period_end,
-                   INVOICES.c.id.label("invoice_id"), INVOICES.c.finalized_at)
-            .select_from(INVOICE_PERIODS)
-            .join(INVOICES, INVOICES.c.id == INVOICE_PERIODS.c.invoice_id)
-            .join(T, and_(T.c.meter == INVOICE_PERIODS.c.meter,
-                          INVOICE_PERIODS.c.period_start <= T.c.occurred_at,
-                          T.c.occurred_at < INVOICE_PERIODS.c.period_end))
+    cols = (T.c.id, T.c.tenant_id, customer.label("customer"), T.c.meter, T.c.quantity,
+            T.c.occurred_at, T.c.sent_at, T.c.status, T.c.idempotency_key)
+    sent = (select(*cols, LATE_FOUND.c.period_start.label("period_start"),
+                   LATE_FOUND.c.period_end.label("period_end"),
+                   LATE_FOUND.c.invoice_id.label("invoice_id"),
+                   LATE_FOUND.c.finalized_at.label("finalized_at"))
+            .select_from(LATE_FOUND)
+            .join(T, T.c.id == LATE_FOUND.c.event_id)
             .outerjoin(TENANTS, TENANTS.c.tenant_id == T.c.tenant_id)
-            .where(INVOICES.c.finalized_at.is_not(None),
-                   customer == INVOICE_PERIODS.c.stripe_customer_id,
-                   ((T.c.status == "sent") & (T.c.sent_at > INVOICES.c.finalized_at))
-                   | T.c.status.in_(UNSENT), ~handled)
-            .order_by(T.c.occurred_at, T.c.id))
+            .where(T.c.status == "sent", ~_handled()))
+    def unsent(where: tuple[Any, ...]) -> Any:
+        part = (select(*cols, INVOICE_PERIODS.c.period_start.label("period_start"),
+                       INVOICE_PERIODS.c.period_end.label("period_end"),
+                       INVOICES.c.id.label("invoice_id"),
+                       INVOICES.c.finalized_at.label("finalized_at"))
+                .select_from(T)
+                .outerjoin(TENANTS, TENANTS.c.tenant_id == T.c.tenant_id)
+                .join(INVOICE_PERIODS, and_(
+                    INVOICE_PERIODS.c.stripe_customer_id == customer,
+                    INVOICE_PERIODS.c.meter == T.c.meter,
+                    INVOICE_PERIODS.c.period_start <= T.c.occurred_at,
+                    T.c.occurred_at < INVOICE_PERIODS.c.period_end))
+                .join(INVOICES, INVOICES.c.id == INVOICE_PERIODS.c.invoice_id)
+                .where(*where, INVOICES.c.finalized_at.is_not(None), ~_handled()))
+        return part if ids is None else part.where(T.c.id.in_(list(ids)))
+
     if ids is not None:
-        stmt = stmt.where(T.c.id.in_(list(ids)))
+        sent = sent.where(T.c.id.in_(list(ids)))
+    idle, in_flight = unsent_parts()
+    both = union_all(sent, unsent(idle), unsent(in_flight)).subquery("late")
     found: dict[int, LateEvent] = {}
-    for r in conn.execute(stmt):
+    for r in conn.execute(select(both).order_by(both.c.occurred_at, both.c.id,
+                                                both.c.finalized_at)):
         found.setdefault(int(r.id), LateEvent(
             int(r.id), str(r.tenant_id), str(r.customer), str(r.meter), int(r.quantity),
             _utc(r.occurred_at), as_utc(r.sent_at), str(r.status), str(r.idempotency_key),

@@ -49,6 +49,7 @@ from ..models import (
     Control,
     DeliveryAttempt,
     DrainerHeartbeat,
+    LateFound,
     LateUsage,
     OutboxEvent,
     PrunedUsageRollup,
@@ -110,6 +111,7 @@ SUBSCRIPTION_ITEMS = cast(Table, StripeSubscriptionItem.__table__)
 INVOICES = cast(Table, StripeInvoice.__table__)
 INVOICE_PERIODS = cast(Table, StripeInvoicePeriod.__table__)
 LATE_USAGE = cast(Table, LateUsage.__table__)
+LATE_FOUND = cast(Table, LateFound.__table__)
 BILLING_WATCH = cast(Table, BillingWatch.__table__)
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

@@ -19,6 +19,8 @@ RECONCILE = "reconcile"
 BILLING = "billing"
 #: When the last complete listing of invoices began (the next one starts from there).
 INVOICES_MARK = "billing-invoices"
+#: When the last scan for late sent events began (``webapp.outbox.late.find_late``).
+LATE_MARK = "billing-late"
 
 
 @dataclass(frozen=True)

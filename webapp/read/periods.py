@@ -21,7 +21,7 @@ from sqlalchemy import Connection, and_, func, literal, null, select, tuple_, un
 
 from ..outbox import invoices, stripe_runs
 from ..outbox.billing_watch import Watch, watched
-from ..outbox.late import BILLING_STATUSES, UNSENT, LateEvent, late_events
+from ..outbox.late import BILLING_STATUSES, UNSENT, LateEvent, late_events, unsent_parts
 from ..outbox.meters import active_meters
 from ..outbox.sql import (
     INVOICE_PERIODS,
@@ -120,17 +120,19 @@ def closing_periods(conn: Connection, now: datetime) -> list[ClosingPeriod]:
         return []
     active = set(active_meters(conn))
     customer = func.coalesce(T.c.stripe_customer_id, TENANTS.c.stripe_customer_id)
-    wait = (select(T.c.tenant_id, w.c.customer, w.c.meter, w.c.start, w.c.end, w.c.invoice_id,
-                   w.c.status, w.c.finalizes_at, T.c.status.label("event_status"),
-                   func.count().label("events"), int_sum(T.c.quantity).label("units"))
-            .select_from(T)
-            .outerjoin(TENANTS, TENANTS.c.tenant_id == T.c.tenant_id)
-            .join(w, and_(w.c.customer == customer, w.c.meter == T.c.meter,
-                          w.c.start <= T.c.occurred_at, T.c.occurred_at < w.c.end))
-            .where(T.c.status.in_(UNSENT))
-            .group_by(T.c.tenant_id, w.c.customer, w.c.meter, w.c.start, w.c.end,
-                      w.c.invoice_id, w.c.status, w.c.finalizes_at, T.c.status))
-    for r in conn.execute(wait):
+    waits = [select(T.c.tenant_id, w.c.customer, w.c.meter, w.c.start, w.c.end,
+                    w.c.invoice_id, w.c.status, w.c.finalizes_at,
+                    T.c.status.label("event_status"), func.count().label("events"),
+                    int_sum(T.c.quantity).label("units"))
+             .select_from(T)
+             .outerjoin(TENANTS, TENANTS.c.tenant_id == T.c.tenant_id)
+             .join(w, and_(w.c.customer == customer, w.c.meter == T.c.meter,
+                           w.c.start <= T.c.occurred_at, T.c.occurred_at < w.c.end))
+             .where(*where)
+             .group_by(T.c.tenant_id, w.c.customer, w.c.meter, w.c.start, w.c.end,
+                       w.c.invoice_id, w.c.status, w.c.finalizes_at, T.c.status)
+             for where in unsent_parts()]
+    for r in conn.execute(union_all(*waits)):
         key = (r.tenant_id, r.customer, r.meter, as_utc(r.start), r.invoice_id)
         period = found.get(key)
         if period is None:      # a tenant remapped since: its events went to this customer
@@ -235,19 +237,18 @@ def _fill_unsent(conn: Connection, periods: Sequence[ClosingPeriod], active: set
                      for i, p in enumerate(mapped)]).subquery("pw")
     customer = func.coalesce(T.c.stripe_customer_id, TENANTS.c.stripe_customer_id)
 
-    def part(statuses: Sequence[str]) -> Any:
+    def part(where: tuple[Any, ...]) -> Any:
         return (select(pw.c.k, T.c.status, func.count().label("n"),
                        int_sum(T.c.quantity).label("units"))
                 .select_from(pw)
-                .join(T, and_(T.c.tenant_id == pw.c.tenant, T.c.status.in_(statuses),
+                .join(T, and_(T.c.tenant_id == pw.c.tenant, *where,
                               T.c.meter == pw.c.meter, T.c.occurred_at >= pw.c.start,
                               T.c.occurred_at < pw.c.end))
                 .outerjoin(TENANTS, TENANTS.c.tenant_id == T.c.tenant_id)
                 .where(customer == pw.c.customer)
                 .group_by(pw.c.k, T.c.status))
 
-    idle = [s for s in UNSENT if s != "processing"]
-    for r in conn.execute(union_all(part(idle), part(["processing"]))):
+    for r in conn.execute(union_all(*[part(where) for where in unsent_parts()])):
         period = mapped[int(r.k)]
         period.unsent_events += int(r.n)
         period.unsent_units += int(r.units)

@@ -15,8 +15,10 @@ when the draft finalizes; usage sent later is counted by the meter but is on no 
   when that invoice finalizes; ``ix_outbox_invoice_first`` holds those events only, so the
   claim takes them first at the cost of an empty index scan when there are none. A nullable
   column without a default: adding it rewrites nothing on PostgreSQL.
-- ``late_usage``: what a person did about an event that came too late for its invoice (billed
-  on the next invoice under a new event, or written off), one row per event;
+- ``late_found``: sent events found to have reached Stripe after their invoice was final
+  (found by scanning what was sent since the last scan); ``late_usage``: what a person did
+  about an event that came too late for its invoice (billed on the next invoice under a new
+  event, or written off), one row per event;
   ``billing_watch``: the figures the status line shows about them, worked out off the page.
 """
 import sqlalchemy as sa
@@ -97,6 +99,16 @@ def upgrade() -> None:
     )
     op.create_index(op.f("ix_late_usage_new_event_id"), "late_usage", ["new_event_id"])
     op.create_table(
+        "late_found",
+        sa.Column("event_id", sa.BigInteger(), nullable=False),
+        sa.Column("invoice_id", sa.String(length=255), nullable=False),
+        sa.Column("period_start", UTCDateTime(), nullable=False),
+        sa.Column("period_end", UTCDateTime(), nullable=False),
+        sa.Column("finalized_at", UTCDateTime(), nullable=False),
+        sa.Column("found_at", UTCDateTime(), nullable=False),
+        sa.PrimaryKeyConstraint("event_id", name=op.f("pk_late_found")),
+    )
+    op.create_table(
         "billing_watch",
         sa.Column("name", sa.String(length=30), nullable=False),
         sa.Column("computed_at", UTCDateTime(), nullable=False),
@@ -118,6 +130,7 @@ def downgrade() -> None:
     with op.batch_alter_table("stripe_usage_outbox") as batch:
         batch.drop_column("invoice_finalizes_at")
     op.drop_table("billing_watch")
+    op.drop_table("late_found")
     op.drop_table("late_usage")
     op.drop_table("stripe_invoice_periods")
     op.drop_table("stripe_invoices")
