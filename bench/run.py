@@ -4,6 +4,7 @@
     python -m bench.run --quick          # a smoke run: fewer events, 1 run
     python -m bench.run --only drain,enqueue --runs 5
     python -m bench.run --only scale --runs 1   # a year at 10 million rows (not in the default)
+    python -m bench.run --only claim --runs 1   # the claim at 10 million rows, before and now
 
 Progress goes to stderr; the table goes to stdout and, for a full default run, to
 ``bench/RESULTS.md`` (other runs write ``bench/results/RESULTS-<stamp>.md``). Raw per-run
@@ -28,8 +29,9 @@ from typing import Any
 
 from .common import RESULTS_DIR, ROOT, BenchDatabase, BenchFailure, Row, nproc, sources_digest
 
-SECTIONS = ("drain", "enqueue", "e2e", "memory", "dashboard", "money", "scale")
-DEFAULT = ("drain", "enqueue", "e2e", "memory", "dashboard", "money")
+SECTIONS = ("drain", "enqueue", "e2e", "memory", "dashboard", "money", "periods", "scale",
+            "claim")
+DEFAULT = ("drain", "enqueue", "e2e", "memory", "dashboard", "money", "periods")
 
 #: Where ``bench/RESULTS.md`` keeps the scale section's figures (see ``main``).
 SCALE_HEADING = "## Scale: 10 million rows"
@@ -42,7 +44,9 @@ SIZES = {
     "memory": (100_000, 10_000),
     "dashboard": (1_000_000, 100_000),   # outbox rows, loaded once per invocation
     "money": (10_000, 1_000),            # error reports polled (reconciliation: fixed size)
+    "periods": (100_000, 10_000),        # Stripe customers with a metered subscription
     "scale": (10_000_000, 500_000),      # outbox rows over 400 days; not in DEFAULT
+    "claim": (10_000_000, 500_000),      # outbox rows; the claim old and new; not in DEFAULT
 }
 
 
@@ -181,6 +185,16 @@ def main(argv: list[str] | None = None) -> int:
 
                 res = money.run(db, reports=size["money"], runs=args.runs, log=log)
                 rows += money.rows(res)
+            elif section == "periods":
+                from . import periods
+
+                res = periods.run(db, customers=size["periods"], runs=args.runs, log=log)
+                rows += periods.rows(res)
+            elif section == "claim":
+                from . import claim_cost
+
+                res = claim_cost.run(db, rows=size["claim"], runs=args.runs, log=log)
+                rows += claim_cost.rows(res)
             elif section == "scale":
                 from . import scale
 
