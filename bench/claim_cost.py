@@ -11,6 +11,11 @@ tenants (mapped), all ``sent`` but ``DUE`` due ``pending`` ones of the last hour
 shards, no meter filter), in a transaction rolled back after it, so every sample sees the
 same table; ``SAMPLES`` of each statement, alternated, after two warm-ups each. The figure:
 the median time of today's statement over the median of the old one. **Floor**: ≤ 1.1×.
+
+**Late usage on the same table.** 200 customers × 13 monthly invoices, finalized, read long
+ago: the first look for late sent events (``late.find_late``: every sent event, once after an
+upgrade), a later look (what was sent since), and listing late usage (``late_events``, what
+the late-usage page and ``billing-outbox late`` read). Informational rows.
 """
 
 from __future__ import annotations
@@ -126,6 +131,49 @@ def _measure(engine: Any, now: datetime) -> dict[str, list[float]]:
     return times
 
 
+LOAD_INVOICES = """
+INSERT INTO stripe_invoices (id, stripe_customer_id, subscription_id, status, created,
+                             finalizes_at, finalized_at, seen_at)
+SELECT 'in_' || c || '_' || m, 'cus_' || lpad(c::text, 3, '0'), 'sub_' || c, 'paid',
+       CAST(:now AS timestamptz) - m * interval '30 days', NULL,
+       CAST(:now AS timestamptz) - m * interval '30 days' + interval '1 hour',
+       CAST(:now AS timestamptz) - m * interval '30 days' + interval '2 hours'
+FROM generate_series(0, 199) c, generate_series(1, 13) m
+"""
+
+LOAD_PERIODS = """
+INSERT INTO stripe_invoice_periods (invoice_id, subscription_item_id, stripe_customer_id, meter,
+                                    period_start, period_end, quantity)
+SELECT 'in_' || c || '_' || m, 'si_' || c, 'cus_' || lpad(c::text, 3, '0'), 'api_requests',
+       CAST(:now AS timestamptz) - (m + 1) * interval '30 days',
+       CAST(:now AS timestamptz) - m * interval '30 days', 0
+FROM generate_series(0, 199) c, generate_series(1, 13) m
+"""
+
+
+def _late(engine: Any, now: datetime) -> dict[str, float]:
+    from webapp.outbox import late
+
+    with engine.begin() as conn:
+        conn.execute(text(LOAD_INVOICES), {"now": now})
+        conn.execute(text(LOAD_PERIODS), {"now": now})
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text("VACUUM (ANALYZE) stripe_invoices, stripe_invoice_periods"))
+    out: dict[str, float] = {}
+    for name, at in (("late_first_s", now), ("late_next_s", now + timedelta(minutes=15))):
+        t0 = time.perf_counter()
+        late.find_late(engine, now=at)
+        out[name] = time.perf_counter() - t0
+    listing = []
+    for _ in range(10):
+        t0 = time.perf_counter()
+        with engine.connect() as conn:
+            late.late_events(conn)
+        listing.append((time.perf_counter() - t0) * 1000)
+    out["late_list_ms"] = statistics.median(listing)
+    return out
+
+
 def _once(db: BenchDatabase, rows: int, log: Any) -> dict[str, Any]:
     from webapp.db import make_engine
 
@@ -152,10 +200,11 @@ def _once(db: BenchDatabase, rows: int, log: Any) -> dict[str, Any]:
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             conn.execute(text("VACUUM (ANALYZE) stripe_usage_outbox"))
         marked = _measure(engine, now)
+        lateness = _late(engine, now)
     finally:
         engine.dispose()
         db.drop_schema(schema)
-    return {"unmarked": unmarked, "marked": marked}
+    return {"unmarked": unmarked, "marked": marked, **lateness}
 
 
 def run(db: BenchDatabase, *, rows: int, runs: int, log: Any = print) -> ClaimResults:
@@ -170,6 +219,8 @@ def run(db: BenchDatabase, *, rows: int, runs: int, log: Any = print) -> ClaimRe
             res.fig(f"{state} ratio").add(new / old)
             log(f"claim run {i + 1}/{runs}, {state}: old {old:.1f} ms, new {new:.1f} ms, "
                 f"{new / old:.2f}×")
+        for k in ("late_first_s", "late_next_s", "late_list_ms"):
+            res.fig(k).add(r[k])
     return res
 
 
@@ -188,4 +239,10 @@ def rows(res: ClaimResults) -> list[Row]:
             note=f"medians of {SAMPLES} claims each, alternated, each rolled back",
             floor_name=(f"Issue 30: the claim at {n:,} rows within {FLOOR}× of before"
                         if state == "unmarked" else "")))
+    out.append(Row(s, f"late usage at {n:,} rows, 2,600 finalized periods: the first look for "
+                      "late sends (every sent event, once) / a later look / the listing",
+                   f"{f('late_first_s').fmt(2, ' s')} / {f('late_next_s').fmt(3, ' s')} / "
+                   f"{f('late_list_ms').fmt(1, ' ms')}",
+                   note="later looks read what was sent since the last one; the listing reads "
+                        "what was recorded and the unsent events' index"))
     return out
