@@ -1,6 +1,6 @@
 """Issue 30: the gateway's reads of subscriptions and invoices, through the real SDK against the
-fake: every page, an invoice's lines past the ten embedded read from their own list, licensed
-items left out,
+fake: every page, an invoice's lines past the ten embedded (and a subscription's items past
+those embedded) read from their own list, licensed items left out,
 every status, the lines' periods; a failure is one ``StripeCallFailed``."""
 
 from __future__ import annotations
@@ -43,6 +43,12 @@ def test_every_subscription_and_every_metered_item_is_read(fake_stripe: Any,
     for item in items:
         by_sub.setdefault(item.subscription_id, []).append(item)
     assert set(by_sub) == {big, gone, *small}
+    # Were a subscription's items embedded ten at most, the rest are read from their list.
+    fake_stripe.set_embedded_items(10)
+    calls = gateway.calls
+    again = gateway.list_subscriptions()
+    assert gateway.calls - calls == 3
+    assert sorted((i.id, i.meter_id) for i in again) == sorted((i.id, i.meter_id) for i in items)
     assert sorted(i.meter_id for i in by_sub[big]) == sorted(
         fake_stripe.meter_id(m) for m in METERS)         # the licensed item left out
     assert {i.subscription_status for i in by_sub[gone]} == {"canceled"}

@@ -285,6 +285,7 @@ class SubscriptionsMixin:
         self.invoice_retrieve_calls = 0
         self.invoice_line_calls = 0
         self._list_latency = 0.0
+        self._embedded_items: int | None = None
         self._subs = {}
         self._sub_keys = []
         self._subs_of_customer = defaultdict(list)
@@ -307,6 +308,13 @@ class SubscriptionsMixin:
         self._next_due = self._due[0][0]
 
     # -- configuration ----------------------------------------------------------------------
+    def set_embedded_items(self, count: int | None) -> None:
+        """Embed at most ``count`` items in a subscription (``has_more`` says the rest are at
+        ``GET /v1/subscription_items``); None, every item (the default). Stripe documents no
+        cap; a reader must follow ``has_more`` either way."""
+        with self._lock:
+            self._embedded_items = count
+
     def set_list_latency(self, seconds: float) -> None:
         """Every subscriptions/invoices GET sleeps this long before it is answered."""
         if seconds < 0:
@@ -568,6 +576,7 @@ class SubscriptionsMixin:
     # -- answers ----------------------------------------------------------------------------
     def _subscription_json(self, sub: FakeSubscription) -> dict[str, Any]:
         items = [self._item_json(sub, item) for item in sub.items]
+        cap = len(items) if self._embedded_items is None else self._embedded_items
         return {"id": sub.id, "object": "subscription", "customer": sub.customer,
                 "status": sub.status, "created": sub.created, "livemode": False,
                 "metadata": {}, "collection_method": "charge_automatically",
@@ -575,7 +584,8 @@ class SubscriptionsMixin:
                 "billing_cycle_anchor": sub.anchor, "cancel_at": None,
                 "cancel_at_period_end": False, "canceled_at": sub.canceled_at,
                 "ended_at": sub.canceled_at,
-                "items": {"object": "list", "data": items, "has_more": False,
+                "items": {"object": "list", "data": items[:cap],
+                          "has_more": len(items) > cap,
                           "total_count": len(items),
                           "url": f"/v1/subscription_items?subscription={sub.id}"}}
 
