@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import click
 
 from ...db import reading
+from ...outbox.late import find_late
 from ...outbox.operations import RESOLVE_REASONS, OperationError
 from ...stripe_gateway import StripeCallFailed
 from .common import actor, services
@@ -52,6 +53,7 @@ def periods(as_json: bool, refresh: bool) -> None:
         except StripeCallFailed as exc:
             raise StripeUnreachable(str(exc)) from exc
     now = svc.clock()
+    find_late(svc.engine, now=now)          # what was sent since the last look
     with reading(svc.engine) as conn:
         summary = periods_summary(conn, now)
     if as_json:
@@ -79,7 +81,9 @@ def late(ctx: click.Context, as_json: bool) -> None:
         return
     from ...outbox.late import late_events
 
-    with reading(services().engine) as conn:
+    svc = services()
+    find_late(svc.engine, now=svc.clock())  # what was sent since the last look
+    with reading(svc.engine) as conn:
         found = late_events(conn)
     units = sum(e.quantity for e in found)
     if as_json:
