@@ -95,6 +95,8 @@ PAGES: tuple[Page, ...] = (
     Page("reconciliation-part-of-a-day", "/reconciliation/mismatches/{part}",
          ("reconciliation.day",)),
     Page("stripe", "/stripe", ("stripe_side.index",)),
+    Page("periods", "/periods", ("periods.index",)),
+    Page("periods-late", "/periods/late", ("periods.late_usage",)),
     Page("audit", "/audit", ("audit.index",)),
     Page("users", "/users", ("users.index",)),
     Page("event-dead", "/events/{dead}", ("events.show",)),
