@@ -276,13 +276,21 @@ def test_at_many_tenants_the_reporter_keeps_the_quick_periods_prepared(
 
     later = UsageReporter(engine, clock=lambda: now + reports.REFRESH + timedelta(seconds=1))
     assert later.run_once() == 3, "last month (closed) waits for REFRESH_CLOSED"
-    much_later = UsageReporter(engine, clock=lambda: now + reports.REFRESH_CLOSED
-                               + timedelta(seconds=1))
+    then = now + reports.REFRESH_CLOSED + timedelta(seconds=1)
+    much_later = UsageReporter(engine, clock=lambda: then)
     assert much_later.run_once() == 4
+    # One report per distinct period: on the 7th "this month" is "the last 7 days", and past
+    # midnight the day's periods are new ones (the day before's stay until pruned).
+    def spans(day: Any) -> set[tuple[str, str]]:
+        return {(a.isoformat(), b.isoformat()) for _, a, b in reports.quick_periods(day)}
+
     with engine.connect() as conn:
-        assert conn.execute(select(func.count()).select_from(UsageReport)).scalar_one() == 4
-        assert {r.as_of for r in conn.execute(select(UsageReport.as_of))} == {
-            now + reports.REFRESH_CLOSED + timedelta(seconds=1)}
+        listed = conn.execute(select(UsageReport.period_start, UsageReport.period_end,
+                                     UsageReport.as_of)).all()
+    rows = {(r.period_start, r.period_end): r.as_of for r in listed}
+    assert len(listed) == len(rows), "one report per period"
+    assert set(rows) == spans(now.date()) | spans(then.date())
+    assert {rows[span] for span in spans(then.date())} == {then}
 
 
 def test_reports_write_no_log_on_postgresql(pg) -> None:
