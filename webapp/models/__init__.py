@@ -16,6 +16,7 @@ from .billing import (
     StripeSubscriptionItem,
 )
 from .limits import TEXT_LIMIT, clean, fit, fit_json_list, fit_key, fits, limit_of
+from .notify import NotifyAlert, NotifyDelivery
 from .outbox import (
     DEAD_FITS_SQL,
     DEAD_OUTSIZE_SQL,
@@ -60,7 +61,7 @@ __all__ = [
     "AttemptRollup", "AuditEntry", "AuditEvent",
     "Base", "BigID", "BillingWatch", "Control", "DeliveryAttempt", "DrainerHeartbeat", "LateFound",
     "LateUsage",
-    "LoginThrottle",
+    "LoginThrottle", "NotifyAlert", "NotifyDelivery",
     "OutboxEvent",
     "PrunedUsageRollup", "ReconciledDay", "ReconciledMeterDay", "ReconciledMonth",
     "ReconciliationMismatch",

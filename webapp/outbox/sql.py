@@ -51,6 +51,8 @@ from ..models import (
     DrainerHeartbeat,
     LateFound,
     LateUsage,
+    NotifyAlert,
+    NotifyDelivery,
     OutboxEvent,
     PrunedUsageRollup,
     ReconciledDay,
@@ -113,6 +115,8 @@ INVOICE_PERIODS = cast(Table, StripeInvoicePeriod.__table__)
 LATE_USAGE = cast(Table, LateUsage.__table__)
 LATE_FOUND = cast(Table, LateFound.__table__)
 BILLING_WATCH = cast(Table, BillingWatch.__table__)
+NOTIFY_ALERTS = cast(Table, NotifyAlert.__table__)
+NOTIFY_DELIVERIES = cast(Table, NotifyDelivery.__table__)
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 

@@ -21,6 +21,8 @@ BILLING = "billing"
 INVOICES_MARK = "billing-invoices"
 #: When the last scan for late sent events began (``webapp.outbox.late.find_late``).
 LATE_MARK = "billing-late"
+#: The last try of each notification channel (``webapp.worker.notify.deliveries``).
+NOTIFY = {"slack": "notify-slack", "webhook": "notify-webhook", "email": "notify-email"}
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,14 @@ def run_status(conn: Connection, name: str) -> RunStatus:
     if row is None:
         return RunStatus(name, None, None, None)
     return RunStatus(name, as_utc(row.ran_at), row.ok, row.detail)
+
+
+def run_statuses(conn: Connection, names: list[str]) -> dict[str, RunStatus]:
+    """:func:`run_status` of each of ``names``, in one read."""
+    found = {r.name: RunStatus(r.name, as_utc(r.ran_at), r.ok, r.detail) for r in conn.execute(
+        select(SYNC_STATE.c.name, SYNC_STATE.c.ran_at, SYNC_STATE.c.ok, SYNC_STATE.c.detail)
+        .where(SYNC_STATE.c.name.in_(names)))}
+    return {n: found.get(n) or RunStatus(n, None, None, None) for n in names}
 
 
 def lease_holder(conn: Connection, name: str, *, now: datetime) -> str | None:

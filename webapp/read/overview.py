@@ -13,6 +13,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, func, select
 
+from ..config import CHANNEL_NAMES
 from ..db import reading
 from ..outbox import stripe_runs
 from ..outbox.billing_watch import INVOICE_RISK, LATE, Watch, watched
@@ -50,6 +51,75 @@ class Alert:
     fix: str | None = None
     fix_link: str | None = None
     fix_params: dict[str, Any] = field(default_factory=dict)
+    #: The alert's stable kind (``webapp.config.NOTIFY_KINDS`` for those sent to people) and
+    #: how many rows it counts; not part of what is shown, so not compared.
+    kind: str | None = field(default=None, compare=False)
+    count: int | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class AlertFacts:
+    """What the alerts are made of, read in one snapshot: by the Overview with its figures,
+    and by the notifier alone (:func:`alert_facts`)."""
+
+    now: datetime
+    health: Health
+    counts: dict[str, int]
+    oldest_waiting_at: datetime | None
+    dead_last_day: int
+    near_limit: int
+    over_limit: int
+    unmapped: list[UnmappedTenant]
+    waiting_for_meters: list[WaitingForMeter]
+    billing: dict[str, Watch]
+    invoice_risk_seconds: float
+    last_reconciliation: RunSummary | None
+    events_read: stripe_runs.RunStatus
+    #: The last try of each notification channel that is set up.
+    notify_runs: dict[str, stripe_runs.RunStatus] = field(default_factory=dict)
+
+    @property
+    def oldest_waiting_age(self) -> float | None:
+        if self.oldest_waiting_at is None:
+            return None
+        return max(0.0, (self.now - self.oldest_waiting_at).total_seconds())
+
+
+def alert_facts(conn: Connection, *, now: datetime, api_key_here: bool,
+                invoice_risk_seconds: float = 3600.0,
+                notify_channels: tuple[str, ...] = ()) -> AlertFacts:
+    """The alerts' facts alone (what the Overview reads for them, without its charts)."""
+    status = health(conn, now=now, api_key_here=api_key_here)
+    counts = status_counts(conn)
+    near, over = age_limits(conn, now, counts)
+    events_read, notify_runs = _runs(conn, notify_channels)
+    return AlertFacts(now, status, counts, oldest_waiting(conn), _dead_last_day(conn, now),
+                      near, over, unmapped_tenants(conn), waiting_for_meters(conn),
+                      watched(conn), invoice_risk_seconds, last_run(conn, whole=True),
+                      events_read, notify_runs)
+
+
+def _runs(conn: Connection, channels: tuple[str, ...]
+          ) -> tuple[stripe_runs.RunStatus, dict[str, stripe_runs.RunStatus]]:
+    """How the last read of Stripe's error reports went, and each channel's last try, in one
+    read."""
+    runs = stripe_runs.run_statuses(conn, [stripe_runs.EVENTS,
+                                           *(stripe_runs.NOTIFY[c] for c in channels)])
+    return runs[stripe_runs.EVENTS], {c: runs[stripe_runs.NOTIFY[c]] for c in channels}
+
+
+def alerts_now(conn: Connection, *, now: datetime, api_key_here: bool,
+               invoice_risk_seconds: float = 3600.0, notify_channels: tuple[str, ...] = (),
+               oldest_alert: timedelta = OLDEST_PENDING_ALERT) -> list[Alert]:
+    """The Overview's alerts as they stand, read without the rest of the page."""
+    return _alerts(alert_facts(conn, now=now, api_key_here=api_key_here,
+                               invoice_risk_seconds=invoice_risk_seconds,
+                               notify_channels=notify_channels), oldest_alert)
+
+
+def _dead_last_day(conn: Connection, now: datetime) -> int:
+    return int(conn.execute(select(func.count()).where(
+        status_is("dead"), T.c.dead_at >= now - timedelta(days=1))).scalar_one())
 
 
 @dataclass(frozen=True)
@@ -112,12 +182,14 @@ class Overview:
 def overview(engine: Engine, *, now: datetime, stripe_mode: str = "test",
              oldest_alert: timedelta = OLDEST_PENDING_ALERT,
              chart_range: str = DEFAULT_RANGE, status: Health | None = None,
-             invoice_risk_seconds: float = 3600.0) -> Overview:
+             invoice_risk_seconds: float = 3600.0,
+             notify_channels: tuple[str, ...] = ()) -> Overview:
     """Everything on the overview page, read in one snapshot; the chart over
     ``chart_range`` (a key of ``series.RANGES``; the 1 h and 24 h charts are the figures'
     own buckets, so they cost no extra read). ``status``: the state of sending already read
     for this request (the status line's), which the page then shows as it is; when None it
-    is read here, in the same snapshot (``stripe_mode`` "none": no API key here)."""
+    is read here, in the same snapshot (``stripe_mode`` "none": no API key here).
+    ``notify_channels``: the notification channels set up (an alert when one fails)."""
     rng = RANGES[chart_range]
     with reading(engine) as conn:
         if status is None:
@@ -130,18 +202,19 @@ def overview(engine: Engine, *, now: datetime, stripe_mode: str = "test",
         hour = attempt_rates(conn, since=now - timedelta(hours=1))
         day = attempt_rates(conn, since=now - timedelta(days=1))
         switch = pause_state(conn)
-        dead_day = int(conn.execute(select(func.count()).where(
-            status_is("dead"), T.c.dead_at >= now - timedelta(days=1))).scalar_one())
+        dead_day = _dead_last_day(conn, now)
         near, over = age_limits(conn, now, counts)
         unmapped = unmapped_tenants(conn)
-        events_read = stripe_runs.run_status(conn, stripe_runs.EVENTS)
+        events_read, notify_runs = _runs(conn, notify_channels)
         reconciled = last_run(conn, whole=True)
         meters = waiting_for_meters(conn)
         billing = watched(conn)
     ov = Overview(now, counts, oldest, per_minute, per_hour, hour, day, status, switch,
                   dead_day, near, over, unmapped, events_read, reconciled, meters, rng, chart,
                   billing, invoice_risk_seconds)
-    ov.alerts.extend(_alerts(ov, oldest_alert))
+    ov.alerts.extend(_alerts(AlertFacts(
+        now, status, counts, oldest, dead_day, near, over, unmapped, meters, billing,
+        invoice_risk_seconds, reconciled, events_read, notify_runs), oldest_alert))
     return ov
 
 
@@ -179,7 +252,8 @@ def sending_alert(h: Health) -> Alert | None:
         return None
     due = h.state in ("holding", "stalled")
     return Alert(h.level, title, h.detail, EVENTS,
-                 {"due": "1"} if due else {"status": WAITING_STATUSES})
+                 {"due": "1"} if due else {"status": WAITING_STATUSES},
+                 kind=h.state, count=h.due)
 
 
 def invoice_at_risk(watch: dict[str, Watch], *, now: datetime,
@@ -205,7 +279,8 @@ def billing_alerts(watch: dict[str, Watch], *, now: datetime, within: float) -> 
                          f"{risk.events:,} event(s) of {risk.customers:,} customer(s) are not "
                          f"at Stripe, and their draft invoice {when}. Usage that arrives "
                          "after that is on no invoice.", "periods.index",
-                         fix="See what they wait for", fix_link="periods.index"))
+                         fix="See what they wait for", fix_link="periods.index",
+                         kind="invoice_risk", count=risk.events))
     late = watch.get(LATE)
     if late is not None and late.events:
         out.append(Alert("warning", f"Late usage: {late.units:,} unit"
@@ -214,11 +289,11 @@ def billing_alerts(watch: dict[str, Watch], *, now: datetime, within: float) -> 
                          "Stripe after their invoice was final, or have not reached it. "
                          "Bill them on the next invoice or write them off.",
                          "periods.late_usage", fix="Review late usage",
-                         fix_link="periods.late_usage"))
+                         fix_link="periods.late_usage", kind="late_usage", count=late.events))
     return out
 
 
-def _alerts(ov: Overview, oldest_alert: timedelta) -> list[Alert]:
+def _alerts(ov: AlertFacts, oldest_alert: timedelta) -> list[Alert]:
     """What needs a person: each alert links to the events it counts (the events list,
     filtered) and to the action that fixes it."""
     alerts: list[Alert] = []
@@ -231,20 +306,23 @@ def _alerts(ov: Overview, oldest_alert: timedelta) -> list[Alert]:
             f"{ov.counts['dead']:,} dead letter{'s' if ov.counts['dead'] != 1 else ''}",
             f"{ov.dead_last_day:,} new in the last 24 h",
             EVENTS, {"status": "dead"},
-            "Requeue or resolve them", "dead_letters.index"))
+            "Requeue or resolve them", "dead_letters.index",
+            kind="dead_letters", count=ov.counts["dead"]))
     age = ov.oldest_waiting_age
     if age is not None and age > oldest_alert.total_seconds():
         alerts.append(Alert("warning", "Events are waiting too long",
                             f"the oldest waiting event was enqueued {_human(age)} ago "
                             f"(threshold {_human(oldest_alert.total_seconds())})",
                             EVENTS, {"due": "1"},
-                            "See why they are retried", "dashboard.retries"))
+                            "See why they are retried", "dashboard.retries",
+                            kind="waiting_long"))
     if ov.over_limit:
         alerts.append(Alert("critical", f"{ov.over_limit:,} events past Stripe's 35-day limit",
                             "Stripe will reject them: bill them by hand and resolve them.",
                             EVENTS, {"age": "over"},
                             "Resolve the dead ones", "dead_letters.index",
-                            {"age": "near_limit"}))
+                            {"age": "near_limit"}, kind="past_age_limit",
+                            count=ov.over_limit))
     if ov.near_limit:
         alerts.append(Alert("warning",
                             f"{ov.near_limit:,} events within 7 days of the 35-day limit",
@@ -253,31 +331,42 @@ def _alerts(ov: Overview, oldest_alert: timedelta) -> list[Alert]:
                             *(("Map the tenants without a customer", "tenants.mappings")
                               if ov.unmapped else
                               ("Requeue the dead ones", "dead_letters.index")),
-                            {} if ov.unmapped else {"age": "near_limit"}))
+                            {} if ov.unmapped else {"age": "near_limit"},
+                            kind="near_age_limit", count=ov.near_limit))
     if ov.counts.get("rejected"):
         n = ov.counts["rejected"]
         alerts.append(Alert("critical", f"{n:,} event{'s' if n != 1 else ''} rejected by Stripe",
                             "Stripe accepted them, then reported them invalid: nothing was "
                             "billed. Fix the cause, then requeue or resolve them.",
                             EVENTS, {"status": "rejected"},
-                            "Requeue or resolve them", "rejected.index"))
+                            "Requeue or resolve them", "rejected.index",
+                            kind="rejected", count=n))
     for w in ov.waiting_for_meters:
         alerts.append(Alert("critical", f"{w.events:,} events wait for meter {w.meter}",
                             pre_aggregated_words(w.window) if w.window else
                             f"Stripe has no active meter named {w.meter!r} ({w.status}): "
                             "create or reactivate it in Stripe; they go out once it exists.",
                             EVENTS, {"meter": w.meter, "status": list(WAITING)},
-                            "See Stripe's meters", "stripe_side.index"))
+                            "See Stripe's meters", "stripe_side.index",
+                            kind="meter_missing", count=w.events))
     alerts += billing_alerts(ov.billing, now=ov.now, within=ov.invoice_risk_seconds)
     rec = ov.last_reconciliation
     if rec is not None and rec.mismatches:
         alerts.append(Alert("critical", f"Reconciliation found {rec.mismatches:,} "
                             f"mismatch{'es' if rec.mismatches != 1 else ''}",
                             "Stripe's totals differ from the units sent for some customers "
-                            "and days.", "reconciliation.index"))
+                            "and days.", "reconciliation.index",
+                            kind="reconcile_mismatch", count=rec.mismatches))
     if ov.events_read.ok is False:
         alerts.append(Alert("warning", "Stripe's error reports could not be read",
-                            ov.events_read.detail or "", "stripe_side.index"))
+                            ov.events_read.detail or "", "stripe_side.index",
+                            kind="error_reports_unread"))
+    for channel, run in ov.notify_runs.items():
+        if run.ok is False:
+            alerts.append(Alert("warning", f"Alerts are not reaching {CHANNEL_NAMES[channel]}",
+                                f"{run.detail or 'The last message failed.'} Sending to "
+                                "Stripe goes on as usual.", "notifications.index",
+                                kind="notify_failing"))
     for u in ov.unmapped[:UNMAPPED_ALERTS]:
         alerts.append(Alert("warning",
                             f"Tenant {u.tenant_id} has no Stripe customer: "
@@ -285,7 +374,8 @@ def _alerts(ov: Overview, oldest_alert: timedelta) -> list[Alert]:
                             "Its events wait, neither attempted nor dead-lettered, until it "
                             "is mapped.",
                             EVENTS, {"tenant": u.tenant_id, "status": list(WAITING)},
-                            "Map the tenant", "tenants.mappings", {"tenant": u.tenant_id}))
+                            "Map the tenant", "tenants.mappings", {"tenant": u.tenant_id},
+                            kind="unmapped_waiting", count=u.events))
     if len(ov.unmapped) > UNMAPPED_ALERTS:
         rest = ov.unmapped[UNMAPPED_ALERTS:]
         alerts.append(Alert("warning",
@@ -295,7 +385,8 @@ def _alerts(ov: Overview, oldest_alert: timedelta) -> list[Alert]:
                             ", ".join(u.tenant_id for u in rest[:5])
                             + (" and more" if len(rest) > 5 else "") + ": map them to start "
                             "sending", "tenants.mappings", {},
-                            "Map the tenants", "tenants.mappings"))
+                            "Map the tenants", "tenants.mappings",
+                            kind="unmapped_waiting", count=sum(u.events for u in rest)))
     return alerts
 
 

@@ -23,6 +23,7 @@ def register_blueprints(app: Flask) -> None:
         health,
         mappings_bulk,
         metrics,
+        notifications,
         periods,
         reconciliation,
         rejected,
@@ -42,6 +43,6 @@ def register_blueprints(app: Flask) -> None:
     errors.init_app(app)
     for module in (health, metrics, webhook, auth, dashboard, tenants, dead_letters, rejected,
                    events, search, reconciliation, periods, stripe_side, audit, users,
-                   mappings_bulk):
+                   mappings_bulk, notifications):
         app.register_blueprint(module.bp)
     app.register_blueprint(auth.account_bp)

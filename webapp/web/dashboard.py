@@ -36,7 +36,8 @@ def overview() -> ResponseReturnValue:
     settings = svc().settings
     data = overview_reads.overview(svc().engine, now=now(), stripe_mode=settings.stripe_mode,
                                    chart_range=CHART_RANGE.get(), status=chrome()["health"],
-                                   invoice_risk_seconds=settings.invoice_risk_seconds)
+                                   invoice_risk_seconds=settings.invoice_risk_seconds,
+                                   notify_channels=settings.notify.channels)
     with reading(svc().engine) as conn:
         pruned, _, last_at = pruned_totals(conn)
         next_at = recon.next_scheduled(conn, settings.reconcile_interval_seconds, now=now())

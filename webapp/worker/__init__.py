@@ -35,6 +35,8 @@ from .invoices import (
 )
 from .maintenance import Maintenance, Scheduled, services_for
 from .meters import MeterRefresher
+from .notify import SETTING as NOTIFY_SETTING
+from .notify import Deliverer, Notifier, send_test
 from .pipeline import run as run_drainer
 from .process import freeze_startup_objects, gateway_from
 from .reconciler import LEASE_SECONDS as RECONCILE_LEASE_SECONDS
@@ -44,10 +46,11 @@ from .report_writer import prepare as prepare_report
 from .rescuer import Rescuer
 from .stripe_events import EventPoller, PollSummary, event_poller, receive_report
 
-__all__ = ["INVOICE_EVENT_TYPES", "BillingRefresher", "CancelOutcome", "DrainSummary", "Drainer",
-           "EventPoller", "Maintenance", "MeterRefresher", "PollSummary",
+__all__ = ["INVOICE_EVENT_TYPES", "NOTIFY_SETTING", "BillingRefresher", "CancelOutcome",
+           "DrainSummary", "Drainer",
+           "Deliverer", "EventPoller", "Maintenance", "MeterRefresher", "Notifier", "PollSummary",
            "RECONCILE_LEASE_SECONDS", "Reconciler", "RefreshSummary", "ReportBusy", "Rescuer",
            "RollupFolder", "Scheduled", "cancel_events", "billing_refresher", "check_customers",
            "customer_directory", "event_poller", "freeze_startup_objects", "gateway_from",
            "prepare_report", "receive_invoice", "receive_report", "reconcile", "run_drainer",
-           "services_for", "stripe_customers"]
+           "send_test", "services_for", "stripe_customers"]

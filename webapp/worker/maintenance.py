@@ -17,7 +17,7 @@ from sqlalchemy import Engine
 from ..config import Settings
 from ..models import utcnow
 from ..stripe_gateway import StripeCallFailed, StripeGateway
-from . import deferrer, folder, pruner, reconciler, reporter, rescuer
+from . import deferrer, folder, notify, pruner, reconciler, reporter, rescuer
 from .invoices import MARK_SECONDS, InvoiceFirst, billing_refresher
 from .meters import MeterRefresher
 from .stripe_events import event_poller
@@ -44,17 +44,21 @@ class Scheduled:
 def services_for(engine: Engine, settings: Settings, gateway: StripeGateway | None, *,
                  clock: Callable[[], datetime] = utcnow) -> list[Scheduled]:
     """The maintenance a draining process runs, with each service's cadence: the rescuer,
-    the rollup folder, the pruner, the usage reporter and the deferrer of unmapped tenants'
-    events always; with a gateway (``STRIPE_API_KEY`` set), reading Stripe's meters, its
-    subscriptions and invoices (and marking what a draft invoice still needs), its error
-    reports and invoice events, and reconciling when due."""
+    the rollup folder, the pruner, the usage reporter, the deferrer of unmapped tenants'
+    events and the notifier with its deliverer always; with a gateway (``STRIPE_API_KEY``
+    set), reading Stripe's meters, its subscriptions and invoices (and marking what a draft
+    invoice still needs), its error reports and invoice events, and reconciling when due."""
     out = [Scheduled(rescuer.Rescuer(engine, clock=clock), rescuer.interval_seconds(settings)),
            Scheduled(folder.RollupFolder(engine, settings, clock=clock),
                      folder.INTERVAL_SECONDS),
            Scheduled(pruner.Pruner(engine, settings, clock=clock),
                      settings.prune_interval_seconds),
            Scheduled(reporter.UsageReporter(engine, clock=clock), reporter.INTERVAL_SECONDS),
-           Scheduled(deferrer.Deferrer(engine, clock=clock), deferrer.INTERVAL_SECONDS)]
+           Scheduled(deferrer.Deferrer(engine, clock=clock), deferrer.INTERVAL_SECONDS),
+           Scheduled(notify.Notifier(engine, settings, clock=clock),
+                     settings.notify.check_seconds),
+           Scheduled(notify.Deliverer(engine, settings.notify, clock=clock),
+                     notify.DELIVER_SECONDS)]
     if gateway is None:
         return out
     meters = MeterRefresher(engine, gateway, clock=clock)

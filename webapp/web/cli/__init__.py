@@ -1,7 +1,7 @@
 """``billing-outbox``: thin commands over the core (a Flask command group), one module per
 area: ``core`` (the database, serving, the worker, users, events and the switch),
 ``tenants``, ``stripe_calls`` (what asks Stripe), ``retention`` and ``billing`` (billing
-periods and late usage); ``common`` holds what they
+periods and late usage) and ``notify`` (test messages); ``common`` holds what they
 share. The console script's ``main()`` is :mod:`webapp.main`, above the app factory.
 
 ``flask --app webapp <command>`` is equivalent. Every command exits 0 on success and
@@ -16,8 +16,8 @@ from flask import Flask
 
 def register_commands(app: Flask) -> None:
     """Add the commands to ``app.cli`` (so ``flask --app webapp …`` has them too)."""
-    from . import billing, core, retention, stripe_calls, tenants
+    from . import billing, core, notify, retention, stripe_calls, tenants
 
     for command in (core.COMMANDS + tenants.COMMANDS + stripe_calls.COMMANDS
-                    + retention.COMMANDS + billing.COMMANDS):
+                    + retention.COMMANDS + billing.COMMANDS + notify.COMMANDS):
         app.cli.add_command(command)
