@@ -306,6 +306,8 @@ class Notify:
     #: channel -> the kinds it is sent (every kind when not named).
     kinds: dict[str, tuple[str, ...]] = field(default_factory=dict)
     timeout_seconds: float = 10.0
+    #: The first retry's wait after a failed delivery (doubling up to an hour).
+    retry_seconds: float = 30.0
 
     @property
     def channels(self) -> tuple[str, ...]:
@@ -359,7 +361,8 @@ def notify_settings(env: Mapping[str, str]) -> Notify:
         dashboard_url=(url("NOTIFY_DASHBOARD_URL", env.get("NOTIFY_DASHBOARD_URL"))
                        or listen_address(env)),
         kinds=kinds,
-        timeout_seconds=number(env, "NOTIFY_TIMEOUT_SECONDS", 10.0, low=0.5, high=60))
+        timeout_seconds=number(env, "NOTIFY_TIMEOUT_SECONDS", 10.0, low=0.5, high=60),
+        retry_seconds=number(env, "NOTIFY_RETRY_SECONDS", 30.0, low=0.1, high=3600))
 
 
 def _smtp(raw: str | None) -> Smtp | None:

@@ -97,6 +97,7 @@ PAGES: tuple[Page, ...] = (
     Page("stripe", "/stripe", ("stripe_side.index",)),
     Page("periods", "/periods", ("periods.index",)),
     Page("periods-late", "/periods/late", ("periods.late_usage",)),
+    Page("notifications", "/notifications", ("notifications.index",)),
     Page("audit", "/audit", ("audit.index",)),
     Page("users", "/users", ("users.index",)),
     Page("event-dead", "/events/{dead}", ("events.show",)),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from email import message_from_bytes, policy
 from email.message import EmailMessage
@@ -31,6 +32,8 @@ class HttpReceiver:
     """POSTs kept in order; ``status`` is what each one is answered with."""
 
     status: int = 200
+    #: Seconds each answer waits (a receiver that hangs).
+    delay: float = 0.0
     received: list[Received] = field(default_factory=list)
     #: Requests answered with an error (kept apart from ``received``).
     refused: list[Received] = field(default_factory=list)
@@ -45,7 +48,10 @@ class HttpReceiver:
                 size = int(self.headers.get("Content-Length") or 0)
                 got = Received(self.path, dict(self.headers.items()), self.rfile.read(size))
                 with receiver.lock:
-                    status = receiver.status
+                    status, delay = receiver.status, receiver.delay
+                if delay:
+                    time.sleep(delay)
+                with receiver.lock:
                     (receiver.received if status < 300 else receiver.refused).append(got)
                 body = b"ok" if status < 300 else b"receiver is down"
                 self.send_response(status)

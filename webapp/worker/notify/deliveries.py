@@ -6,10 +6,10 @@ ones wait behind it, so a receiver never reads "resolved" before "firing". Each 
 claimed (``claimed_until``, compared and set in one UPDATE) before it is sent, so two
 processes never send it at once; a process that dies while sending leaves a claim that runs
 out, and the message is sent again then (a receiver that must not see it twice keeps the
-message's ``id``). A failed try is retried with backoff — 30 s doubling to an hour — for a day,
-then given up (``failed``). Each channel's last try is kept as ``notify-<channel>`` in
-``stripe_sync_state`` for the Overview. Channels are sent to side by side, each try within
-``NOTIFY_TIMEOUT_SECONDS``; this runs beside the drain, never in it.
+message's ``id``). A failed try is retried with backoff — ``NOTIFY_RETRY_SECONDS`` (30 s)
+doubling to an hour — for a day, then given up (``failed``). Each channel's last try is kept
+as ``notify-<channel>`` in ``stripe_sync_state`` for the Overview. Channels are sent to side
+by side, each try within ``NOTIFY_TIMEOUT_SECONDS``; this runs beside the drain, never in it.
 """
 
 from __future__ import annotations
@@ -37,9 +37,8 @@ from .channels import NAMES, DeliveryFailed, send
 
 log = logging.getLogger(__name__)
 
-#: The first retry's wait, doubling up to ``MAX_BACKOFF``; a message is given up after
-#: ``GIVE_UP_AFTER``.
-FIRST_BACKOFF = timedelta(seconds=30)
+#: A failed message waits ``NOTIFY_RETRY_SECONDS`` (30 s), doubling up to ``MAX_BACKOFF``; it
+#: is given up after ``GIVE_UP_AFTER``.
 MAX_BACKOFF = timedelta(hours=1)
 GIVE_UP_AFTER = timedelta(days=1)
 #: At most this many messages per channel per pass.
@@ -59,10 +58,10 @@ def run_name(channel: str) -> str:
     return stripe_runs.NOTIFY[channel]
 
 
-def backoff(attempts: int) -> timedelta:
-    """The wait after ``attempts`` failed tries."""
+def backoff(attempts: int, first: float = 30.0) -> timedelta:
+    """The wait after ``attempts`` failed tries, the first one ``first`` seconds."""
     factor: int = 2 ** max(0, min(attempts - 1, 20))
-    return min(MAX_BACKOFF, FIRST_BACKOFF * factor)
+    return min(MAX_BACKOFF, timedelta(seconds=first) * factor)
 
 
 @dataclass
@@ -156,16 +155,20 @@ class Deliverer:
                                             D.c.claimed_by == self.owner)
                          .values(status="failed" if give_up else "pending",
                                  attempts=attempts, last_error=fit(D.c.last_error, str(exc)),
-                                 last_status=exc.status, next_attempt_at=now + backoff(attempts),
+                                 last_status=exc.status,
+                                 next_attempt_at=now + self._backoff(attempts),
                                  claimed_until=None, claimed_by=None))
         summary.failed += 1
         summary.given_up += int(give_up)
         summary.errors[channel] = str(exc)
-        wait = backoff(attempts).total_seconds()
+        wait = self._backoff(attempts).total_seconds()
         detail = (f"{exc} — given up after {attempts} tries." if give_up
                   else f"{exc} — trying again in {wait:.0f} s (try {attempts}).")
         stripe_runs.record_run(self.engine, run_name(channel), ok=False, detail=detail, now=now)
         log.warning("notify %s: %s", channel, detail)
+
+    def _backoff(self, attempts: int) -> timedelta:
+        return backoff(attempts, self.settings.retry_seconds)
 
     def _prune(self) -> None:
         now = self.clock()
