@@ -110,6 +110,10 @@ class _CpuMeter:
         return client, backend_cpu_delta(self.server0, backend_cpu(self.tag))
 
 
+#: The notifier beside the drain may cost it this much of its rate at most.
+FLOOR_NOTIFY_COST = 0.01
+
+
 def drain_settings(url: str, batch: int = BATCH) -> Any:
     from webapp.config import Settings
 
@@ -120,7 +124,43 @@ def drain_settings(url: str, batch: int = BATCH) -> Any:
 
 # -- ours: one child process per drainer -----------------------------------------------------------
 
-def _ours_child(url: str, batch: int, ready: Any, go: Any, out: Any) -> None:
+def _notifying(engine: Any, url: str) -> Any:
+    """The notifier and its deliverer running beside the drain as the worker runs them (in
+    the maintenance thread), harder than by default — a look at the alerts every second,
+    messages tried every second — against a receiver that never answers (a socket that
+    listens and never replies: each try waits out its 2 s timeout), with messages queued for
+    it. The maintenance, started; stop it after."""
+    import socket as socket_module
+
+    from webapp.config import Notify
+    from webapp.models import utcnow
+    from webapp.worker import Maintenance, Scheduled
+    from webapp.worker.notify import Deliverer, Notifier
+    from webapp.worker.notify.notifier import message, new_message_id, queue
+
+    dead = socket_module.socket()
+    dead.bind(("127.0.0.1", 0))
+    dead.listen(64)
+    notify = Notify(webhook_url=f"http://127.0.0.1:{dead.getsockname()[1]}/hook",
+                    webhook_secret="bench-secret-0123456789", check_seconds=1.0,
+                    timeout_seconds=2.0, retry_seconds=0.1)
+    settings = drain_settings(url).with_overrides(notify=notify)
+    now = utcnow()
+    with engine.begin() as conn:
+        for _ in range(20):
+            queue(conn, message(message_id=new_message_id(), kind="holding", state="firing",
+                                severity="critical", title="bench", text="bench", count=1,
+                                path="/", started_at=now, at=now, settings=notify),
+                  event="firing", channels=("webhook",), now=now)
+    maintenance = Maintenance([Scheduled(Notifier(engine, settings), 1.0),
+                               Scheduled(Deliverer(engine, notify), 1.0)])
+    maintenance.start()
+    maintenance.dead_receiver = dead  # type: ignore[attr-defined]
+    return maintenance
+
+
+def _ours_child(url: str, batch: int, ready: Any, go: Any, out: Any,
+                notifying: bool = False) -> None:
     try:
         import threading
 
@@ -138,6 +178,7 @@ def _ours_child(url: str, batch: int, ready: Any, go: Any, out: Any) -> None:
             with e.connect() as conn:  # connect before the clock starts
                 conn.execute(text("SELECT 1"))
         freeze_startup_objects()  # the worker command's start-up step
+        maintenance = _notifying(engine, url) if notifying else None
         ready.put(True)
         go.wait()
         cpu = _CpuMeter(tag)
@@ -159,6 +200,8 @@ def _ours_child(url: str, batch: int, ready: Any, go: Any, out: Any) -> None:
                 if not worker.is_alive():
                     raise BenchFailure("the drainer stopped before the queue was empty")
         client, server = cpu.stop()
+        if maintenance is not None:
+            maintenance.stop()
         drainer.request_stop()
         worker.join(timeout=60)
         if worker.is_alive():
@@ -221,14 +264,19 @@ def _run_children(target: Any, args: tuple[Any, ...], processes: int,
                 p.join()
 
 
+def _ours_notifying_child(url: str, batch: int, ready: Any, go: Any, out: Any) -> None:
+    _ours_child(url, batch, ready, go, out, notifying=True)
+
+
 def run_ours(db: BenchDatabase, template: str, keys: list[str], copies: int,
-             processes: int, batch: int = BATCH) -> dict[str, Any]:
+             processes: int, batch: int = BATCH, notifying: bool = False) -> dict[str, Any]:
     from webapp.db import make_engine
 
     expected = copied_keys(keys, copies)
     label = f"ours, {processes} process{'es' if processes > 1 else ''}"
     with db.outbox_schema("drain", template, copies) as url:
-        results = _run_children(_ours_child, (url, batch), processes)
+        results = _run_children(_ours_notifying_child if notifying else _ours_child,
+                                (url, batch), processes)
         seen = [k for r in results for k in r["seen"]]
         check_exactly_once(label, seen, expected)
         engine = make_engine(url)
@@ -585,6 +633,7 @@ def run(db: BenchDatabase, *, events: int, runs: int, log: Any = print) -> Drain
     contenders: list[tuple[str, Any]] = [
         ("ours1", lambda: run_ours(db, template, keys, 1, 1)),
         ("ours1_big", lambda: run_ours(db, template, keys, 1, 1, BIG_BATCH)),
+        ("ours1_notify", lambda: run_ours(db, template, keys, 1, 1, notifying=True)),
         ("ours4", lambda: run_ours(db, template, keys, 1, 4)),
         ("seed", lambda: run_seed(db, template, keys[:max(1, events // SEED_FRACTION)])),
         ("minimal", lambda: run_minimal(db, template, keys, 1)),
@@ -611,6 +660,7 @@ def run(db: BenchDatabase, *, events: int, runs: int, log: Any = print) -> Drain
         res.fig("scale4").add(r["ours4"]["rate"] / r["ours1"]["rate"])
         res.fig("vs_minimal").add(r["ours1"]["rate"] / r["minimal"]["rate"])
         res.fig("released4").add(r["ours4"]["released"])
+        res.fig("notify_cost").add(r["ours1"]["rate"] / r["ours1_notify"]["rate"] - 1)
     return res
 
 
@@ -629,6 +679,13 @@ def rows(res: DrainResults) -> list[Row]:
             floor_name=f"drain core ≥ {FLOOR_RATE:,} ev/s in 1 process"),
         Row(s, f"ours, 1 process, batch {BIG_BATCH} (OUTBOX_BATCH_SIZE)",
             f("ours1_big").fmt(0, " ev/s"), "", "", cpu("ours1_big")),
+        Row(s, "ours, 1 process, notifier and deliverer beside it (alerts read every 1 s, "
+               "a receiver that never answers)", f("ours1_notify").fmt(0, " ev/s"),
+            f"cost < {FLOOR_NOTIFY_COST:.0%}",
+            verdict(f("notify_cost").median < FLOOR_NOTIFY_COST),
+            f"cost {f('notify_cost').median:+.1%} of the rate without "
+            f"(per run: {', '.join(f'{v:+.1%}' for v in f('notify_cost').values)})",
+            floor_name="the notifier costs the drain core < 1%"),
         Row(s, "ours, 4 processes", f("ours4").fmt(0, " ev/s"), "", "",
             f"{cpu('ours4')}; events claimed then released because another process held "
             f"their lane: {f('released4').fmt(0)} per run"),

@@ -91,9 +91,22 @@ def captured() -> Iterator[io.StringIO]:
             logging.getLogger(name).removeHandler(handler)
 
 
+SLACK_URL = "https://hooks.slack.com/services/T0000/B0000/slackpathkey1234"
+NOTIFY_SECRET = "notify-signing-secret-5678"
+SMTP_PASSWORD = "smtp-password-9012"
+
+
 def secret_settings(db_url: str) -> Settings:
+    from webapp.config import notify_settings
+
+    notify = notify_settings({"NOTIFY_SLACK_WEBHOOK_URL": SLACK_URL,
+                              "NOTIFY_WEBHOOK_URL": "https://hooks.example.com/in",
+                              "NOTIFY_WEBHOOK_SECRET": NOTIFY_SECRET,
+                              "NOTIFY_SMTP_URL": f"smtp://bot:{SMTP_PASSWORD}@mail.example.com",
+                              "NOTIFY_EMAIL_FROM": "a@example.com",
+                              "NOTIFY_EMAIL_TO": "b@example.com"})
     return make_settings(db_url, secret_key=STRONG, stripe_api_key=API_KEY,
-                         stripe_webhook_secret=WEBHOOK, metrics_token=TOKEN)
+                         stripe_webhook_secret=WEBHOOK, metrics_token=TOKEN, notify=notify)
 
 
 def test_every_handler_of_every_logger_carries_the_redactor(db_url, engine, captured) -> None:
@@ -112,7 +125,8 @@ def test_no_secret_reaches_a_log_line(db_url, engine, captured) -> None:
                start_drainer=False)
     pw_hash = hash_password("amber-falcon-orchard-71")
     leaks = [API_KEY, WEBHOOK, TOKEN, STRONG, pw_hash, "amber-falcon-orchard-71",
-             "rk_test_" + "Q" * 24, "Bearer abc.def.ghi"]
+             "rk_test_" + "Q" * 24, "Bearer abc.def.ghi", SLACK_URL, NOTIFY_SECRET,
+             SMTP_PASSWORD]
     for name in ("webapp.worker", "werkzeug", "sqlalchemy.engine", "gunicorn.error",
                  "apscheduler", "stripe", "some.library"):
         log = logging.getLogger(name)
@@ -121,12 +135,14 @@ def test_no_secret_reaches_a_log_line(db_url, engine, captured) -> None:
         log.warning({"password": "amber-falcon-orchard-71", "hash": pw_hash})
         log.warning("Authorization: Bearer abc.def.ghi; webhook %s; token %s", WEBHOOK, TOKEN)
         log.warning("session key %s", STRONG)
+        log.warning("posting to %s signed with %s; mail as %s", SLACK_URL, NOTIFY_SECRET,
+                    SMTP_PASSWORD)
         try:
             raise RuntimeError(f"insert failed for hash {pw_hash}")
         except RuntimeError:
             log.exception("a failure path")
     text = captured.getvalue()
-    assert text.count("[redacted]") >= 7 * 7
+    assert text.count("[redacted]") >= 7 * 10
     for leak in leaks:
         assert leak not in text, leak
 

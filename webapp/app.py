@@ -39,7 +39,8 @@ def create_app(test_config: Mapping[str, Any] | None = None, *,
     settings = settings or Settings.from_env(testing=testing)
     configure_logging(settings.log_format, settings.log_level,
                       secrets=(settings.secret_key, settings.stripe_api_key,
-                               settings.stripe_webhook_secret, settings.metrics_token))
+                               settings.stripe_webhook_secret, settings.metrics_token,
+                               *settings.notify.secrets))
 
     app = Flask(__name__, template_folder=TEMPLATES, static_folder=STATIC,
                 instance_path=str(config.INSTANCE_DIR))

@@ -291,7 +291,7 @@ class Notify:
     """Where alerts go and how often (``NOTIFY_*``). A channel is on when its URL is set."""
 
     slack_webhook_url: str | None = field(default=None, repr=False)
-    webhook_url: str | None = None
+    webhook_url: str | None = field(default=None, repr=False)
     webhook_secret: str | None = field(default=None, repr=False)
     smtp: Smtp | None = None
     email_from: str | None = None
@@ -314,6 +314,13 @@ class Notify:
         """The channels that are set up, in a fixed order."""
         on = {"slack": self.slack_webhook_url, "webhook": self.webhook_url, "email": self.smtp}
         return tuple(c for c in NOTIFY_CHANNELS if on[c])
+
+    @property
+    def secrets(self) -> tuple[str | None, ...]:
+        """What no log line may say: Slack's URL (its path is its key), the webhook's URL
+        (its query may hold a token) and secret, the SMTP password."""
+        return (self.slack_webhook_url, self.webhook_url, self.webhook_secret,
+                self.smtp.password if self.smtp else None)
 
     def kinds_for(self, channel: str) -> tuple[str, ...]:
         return self.kinds.get(channel, NOTIFY_KINDS)

@@ -129,3 +129,42 @@ def test_a_failing_channel_shows_on_the_overview(client_as: Any, app: Flask,
     assert "Alerts are not reaching Slack" in html
     assert "Sending to Stripe goes on as usual." in html
     assert 'href="/notifications"' in html
+
+
+def test_notifications_add_no_query_to_a_page_view(db_url: str, engine: Engine,
+                                                   users: dict[str, str],
+                                                   receivers: dict[str, Any]) -> None:
+    """The Overview and the other pages read the same statements with every channel set up
+    as with none (a channel's last try comes in the read the Overview already made)."""
+    from sqlalchemy import event
+
+    from .conftest import login
+
+    def statements(app: Flask, path: str) -> int:
+        client = app.test_client()
+        login(client, users["viewer"])
+        client.get(path)  # once to warm what a first view caches
+        seen: list[str] = []
+
+        def count(*args: Any) -> None:
+            seen.append(args[2])
+
+        event.listen(engine, "before_cursor_execute", count)
+        try:
+            assert client.get(path).status_code == 200
+        finally:
+            event.remove(engine, "before_cursor_execute", count)
+        return len(seen)
+
+    plain = create_app({"TESTING": True}, settings=make_settings(db_url), engine=engine,
+                       start_drainer=False)
+    notify = notify_settings({"NOTIFY_SLACK_WEBHOOK_URL": receivers["slack"].url,
+                              "NOTIFY_WEBHOOK_URL": receivers["webhook"].url,
+                              "NOTIFY_WEBHOOK_SECRET": HOOK_SECRET,
+                              "NOTIFY_SMTP_URL": receivers["email"].url,
+                              "NOTIFY_EMAIL_FROM": "a@example.com",
+                              "NOTIFY_EMAIL_TO": "b@example.com"})
+    notifying = create_app({"TESTING": True}, settings=make_settings(db_url, notify=notify),
+                           engine=engine, start_drainer=False)
+    for path in ("/", "/events", "/periods", "/dead-letters"):
+        assert statements(notifying, path) == statements(plain, path), path
