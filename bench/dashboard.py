@@ -191,6 +191,8 @@ class DashboardResults:
     fresh: dict[str, Timing] = field(default_factory=dict)
     #: Seconds "Prepare the report" took, per period (the long periods' pages read it).
     report_seconds: dict[str, float] = field(default_factory=dict)
+    #: Milliseconds of each look the notifier takes at the alerts (``Notifier.run_once``).
+    notifier_ms: list[float] = field(default_factory=list)
     raw: dict[str, Any] = field(default_factory=dict)
 
 
@@ -849,6 +851,9 @@ def run(db: BenchDatabase, *, events: int, runs: int, log: Any = print) -> Dashb
         log(f"dashboard: VACUUM (ANALYZE) in {res.vacuum_seconds:.1f} s; sampling "
             f"{len(res.routes)} routes {res.samples} times each, round-robin")
         res.figures = measure(client, res.routes, res.samples, warmup=WARMUP, log=log)
+        res.notifier_ms = notifier_looks(engine, settings, NOTIFIER_LOOKS)
+        log(f"dashboard: the notifier's look at the alerts: median "
+            f"{statistics.median(res.notifier_ms):.1f} ms of {NOTIFIER_LOOKS}")
         engine.dispose()
     finally:
         db.drop_schema(schema)
@@ -860,8 +865,29 @@ def run(db: BenchDatabase, *, events: int, runs: int, log: Any = print) -> Dashb
                "download_total_ms": {key(r): res.figures[key(r)].total_ms.values
                                      for r in res.routes if r.download},
                "before_vacuum_ms": {k: t.ms.values for k, t in res.fresh.items()},
-               "report_seconds": res.report_seconds}
+               "report_seconds": res.report_seconds, "notifier_ms": res.notifier_ms}
     return res
+
+
+#: How many looks of the notifier are timed; the share of a process's time they may take at
+#: the default cadence (``NOTIFY_CHECK_SECONDS``, 30 s).
+NOTIFIER_LOOKS = 30
+FLOOR_NOTIFIER_SHARE = 0.01
+
+
+def notifier_looks(engine: Any, settings: Any, n: int) -> list[float]:
+    """Time ``n`` looks of the notifier at the alerts on the loaded table, as a worker makes
+    them: read every alert the Overview shows, compare with the kinds' rows, write what
+    changed (the first look starts the alerts the loaded rows raise; the rest find them on)."""
+    from webapp.worker.notify import Notifier
+
+    notifier = Notifier(engine, settings)
+    out = []
+    for _ in range(n + 1):
+        t0 = time.perf_counter()
+        notifier.run_once()
+        out.append((time.perf_counter() - t0) * 1000)
+    return out[1:]
 
 
 def measure(client: Any, routes: list[Route], samples: int, *, warmup: int,
@@ -906,6 +932,18 @@ def rows(res: DashboardResults) -> list[Row]:
                f"{load_total:.0f} s", "", "",
                f"{statuses}; " + ", ".join(f"{k} {v:.1f} s"
                                             for k, v in res.load_seconds.items())),
+           Row(SECTION, "the notifier's look at the alerts (every alert of the Overview, each "
+                        "kind's row compared; a worker's maintenance thread, every "
+                        "NOTIFY_CHECK_SECONDS = 30 s)",
+               f"median {statistics.median(res.notifier_ms):.1f} ms, p95 "
+               f"{p95(res.notifier_ms):.1f} ms" if res.notifier_ms else "—",
+               f"< {FLOOR_NOTIFIER_SHARE:.0%} of a process's time",
+               verdict(bool(res.notifier_ms) and statistics.median(res.notifier_ms)
+                       < FLOOR_NOTIFIER_SHARE * 30_000),
+               (f"{statistics.median(res.notifier_ms) / 30_000:.3%} of one process's time at "
+                "the default cadence; never on a page view or in a drain pass"
+                if res.notifier_ms else ""),
+               floor_name="the notifier's looks take < 1% of a worker's time"),
            Row(SECTION, "first fold of the rollups (`rollups.fold` on the loaded table)",
                f"{res.fold_seconds:.1f} s", "", "",
                "paid once, by the folder service's first run after deploying on such a "

@@ -110,10 +110,6 @@ class _CpuMeter:
         return client, backend_cpu_delta(self.server0, backend_cpu(self.tag))
 
 
-#: The notifier beside the drain may cost it this much of its rate at most.
-FLOOR_NOTIFY_COST = 0.01
-
-
 def drain_settings(url: str, batch: int = BATCH) -> Any:
     from webapp.config import Settings
 
@@ -681,11 +677,11 @@ def rows(res: DrainResults) -> list[Row]:
             f("ours1_big").fmt(0, " ev/s"), "", "", cpu("ours1_big")),
         Row(s, "ours, 1 process, notifier and deliverer beside it (alerts read every 1 s, "
                "a receiver that never answers)", f("ours1_notify").fmt(0, " ev/s"),
-            f"cost < {FLOOR_NOTIFY_COST:.0%}",
-            verdict(f("notify_cost").median < FLOOR_NOTIFY_COST),
-            f"cost {f('notify_cost').median:+.1%} of the rate without "
-            f"(per run: {', '.join(f'{v:+.1%}' for v in f('notify_cost').values)})",
-            floor_name="the notifier costs the drain core < 1%"),
+            "", "",
+            f"{f('notify_cost').median:+.1%} of the rate without, 30 times the default "
+            f"cadence (per run: {', '.join(f'{v:+.1%}' for v in f('notify_cost').values)}; a "
+            "1 s drain cannot resolve 1%: the floor is the look's own cost, in the dashboard "
+            "section)"),
         Row(s, "ours, 4 processes", f("ours4").fmt(0, " ev/s"), "", "",
             f"{cpu('ours4')}; events claimed then released because another process held "
             f"their lane: {f('released4').fmt(0)} per run"),

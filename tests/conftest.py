@@ -204,6 +204,21 @@ def fake_stripe() -> Iterator[Any]:
         fake.stop()
 
 
+@pytest.fixture
+def receivers() -> Iterator[dict[str, Any]]:
+    """Local notification receivers: HTTP servers for Slack and the webhook, an SMTP server
+    for email (``support.receivers``), by channel."""
+    from support.receivers import HttpReceiver, SmtpReceiver
+
+    got = {"slack": HttpReceiver().start(), "webhook": HttpReceiver().start(),
+           "email": SmtpReceiver().start()}
+    try:
+        yield got
+    finally:
+        for r in got.values():
+            r.stop()
+
+
 def make_settings(db_url: str, **overrides: Any) -> Settings:
     base = Settings(database_url=db_url, secret_key="test-secret", testing=True,
                     stripe_api_key=TEST_API_KEY, stripe_timeout_seconds=5.0,

@@ -4,14 +4,12 @@ the alert paths the messages link to are the app's own."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from conftest import make_settings
 from flask import Flask
 from sqlalchemy import Engine, select
-from support.receivers import HttpReceiver, SmtpReceiver
 
 from webapp import create_app
 from webapp.config import notify_settings
@@ -24,15 +22,6 @@ from .conftest import csrf_of
 
 SLACK_KEY = "T000/B000/verysecretslackkey"
 HOOK_SECRET = "hook-secret-0123456789abcdef"
-
-
-@pytest.fixture
-def receivers() -> Iterator[dict[str, Any]]:
-    got = {"slack": HttpReceiver().start(), "webhook": HttpReceiver().start(),
-           "email": SmtpReceiver().start()}
-    yield got
-    for r in got.values():
-        r.stop()
 
 
 @pytest.fixture

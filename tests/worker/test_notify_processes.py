@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,6 @@ import pytest
 from conftest import cli, start_worker, stop_process, wait_for, worker_env
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
-from support.receivers import HttpReceiver, SmtpReceiver
 
 from webapp.models import OutboxEvent, utcnow
 from webapp.outbox import enqueue_usage
@@ -31,15 +29,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 T = OutboxEvent.__table__
 SECRET = "notify-processes-secret-0123"
 TENANTS = 5
-
-
-@pytest.fixture
-def receivers() -> Iterator[dict[str, Any]]:
-    got = {"slack": HttpReceiver().start(), "webhook": HttpReceiver().start(),
-           "email": SmtpReceiver().start()}
-    yield got
-    for r in got.values():
-        r.stop()
 
 
 def env_for(pg_url: str, fake: Any, receivers: dict[str, Any], **extra: str) -> dict[str, str]:

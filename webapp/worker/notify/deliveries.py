@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import socket
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -104,7 +105,12 @@ class Deliverer:
 
     def _channel(self, channel: str) -> DeliverySummary:
         summary = DeliverySummary()
+        # A slow receiver must not hold the maintenance thread (the rescuer runs there too):
+        # no new try starts once a try's timeout has passed since the pass began.
+        stop_at = time.monotonic() + self.settings.timeout_seconds
         for _ in range(PER_PASS):
+            if time.monotonic() > stop_at:
+                break
             now = self.clock()
             with reading(self.engine) as conn:
                 row = conn.execute(select(D.c.id, D.c.body, D.c.attempts, D.c.created_at,
