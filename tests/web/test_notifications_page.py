@@ -53,6 +53,7 @@ def test_every_role_sees_the_channels_without_their_secrets(client_as: Any, app:
         assert '<a href="/events?due=1">Sending is held back</a>' in html
         assert html.count('data-status="pending"') == 2     # Slack and the webhook
         assert ("Send a test" in html) == (role == "admin")
+        assert "a reminder every 4 h while it lasts" in html
 
 
 def test_send_a_test_is_for_admins_audited_and_csrf_checked(

@@ -71,6 +71,15 @@ class NotificationsPage:
     remind_seconds: float
     dashboard_url: str
 
+    @property
+    def remind_every(self) -> str:
+        """``4 h``, ``90 min``, ``2 d``: how often a lasting alert is repeated, in words."""
+        s = int(self.remind_seconds)
+        for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+            if s >= size and s % size == 0:
+                return f"{s // size} {unit}"
+        return f"{s // 60} min" if s >= 60 else f"{s} s"
+
 
 def masked_url(url: str | None, *, keep_path: bool) -> str:
     """``url`` without what makes it a secret: Slack's path is its key, a query may hold a
