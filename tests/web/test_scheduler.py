@@ -19,7 +19,7 @@ def test_jobs_are_the_drain_and_each_maintenance_service(engine: Engine, db_url:
         jobs = {job.id: job.trigger.interval.total_seconds() for job in scheduler.get_jobs()}
         assert jobs == {"drain": settings.poll_interval_seconds, "rescue": 10.0, "fold": 60.0,
                         "prune": settings.prune_interval_seconds, "usage-reports": 60.0,
-                        "defer-unsendable": 60.0}
+                        "defer-unsendable": 60.0, "notifier": 30.0, "notify-delivery": 5.0}
     finally:
         assert svc.stop_scheduler is not None
         svc.stop_scheduler()

@@ -78,14 +78,15 @@ def test_maintenance_runs_each_service_on_its_cadence(caplog: pytest.LogCaptureF
     assert sum("maintenance broken failed" in r.getMessage() for r in caplog.records) == 2
 
 
-def test_a_draining_process_runs_the_rescuer_the_folder_the_pruner_and_the_reporter(engine: Engine,
-                                                                      db_url: str) -> None:
+def test_a_draining_process_runs_the_rescuer_the_folder_the_pruner_and_the_reporter(
+        engine: Engine, db_url: str) -> None:
+    """And the notifier with its deliverer, with or without an API key."""
     settings = make_settings(db_url, claim_timeout_seconds=40.0, stripe_api_key=None,
                              prune_interval_seconds=900.0)
     scheduled = services_for(engine, settings, gateway_from(settings))
     assert {(s.service.name, s.every_seconds) for s in scheduled} == {
         ("rescue", 10.0), ("fold", 60.0), ("prune", 900.0), ("usage-reports", 60.0),
-        ("defer-unsendable", 60.0)}
+        ("defer-unsendable", 60.0), ("notifier", 30.0), ("notify-delivery", 5.0)}
 
 
 def test_with_a_key_it_also_reads_stripe_back(engine: Engine, db_url: str) -> None:
@@ -95,7 +96,8 @@ def test_with_a_key_it_also_reads_stripe_back(engine: Engine, db_url: str) -> No
     names = {s.service.name: s.every_seconds for s in scheduled}
     assert names == {"rescue": 7.5, "fold": 60.0, "prune": 3600.0, "usage-reports": 60.0,
                      "defer-unsendable": 60.0, "meters": 120.0, "stripe-events": 15.0,
-                     "stripe-billing": 600.0, "invoice-first": 15.0, "reconcile": 300.0}
+                     "stripe-billing": 600.0, "invoice-first": 15.0, "reconcile": 300.0,
+                     "notifier": 30.0, "notify-delivery": 5.0}
 
 
 def test_rescue_is_not_part_of_a_drain_pass(engine: Engine, seed: Any, now: Any,

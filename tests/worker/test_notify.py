@@ -375,3 +375,23 @@ def test_a_slow_receiver_holds_a_pass_no_longer_than_one_timeout(
         assert len(passes) < 10
     assert all(1 <= n <= 4 for n in passes), passes
     assert [b["kind"] for b in receivers["webhook"].bodies()] == list(NOTIFY_KINDS)
+
+
+def test_messages_are_kept_thirty_days(engine: Engine, receivers: dict[str, Any]) -> None:
+    """Sent, given-up and stranded messages (queued for a channel since removed) older than
+    30 days go; younger ones stay."""
+    settings = settings_for(engine, receivers)
+    clock = Clock(T0)
+    Notifier(engine, settings, clock=clock).apply({"holding": HOLDING}, now=clock())
+    Deliverer(engine, settings.notify, clock=clock).run_once()
+    with engine.begin() as conn:
+        conn.execute(D.insert().values(message_id="ntf_old", kind="holding", event="firing",
+                                       channel="pager", status="pending", body="{}",
+                                       created_at=T0, next_attempt_at=T0, attempts=0))
+    clock.advance(29 * 86400)
+    later = Deliverer(engine, settings.notify, clock=clock)
+    later.run_once()
+    assert len(queued(engine)) == 4
+    clock.advance(2 * 86400)
+    Deliverer(engine, settings.notify, clock=clock).run_once()
+    assert queued(engine) == []

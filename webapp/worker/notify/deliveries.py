@@ -44,7 +44,7 @@ MAX_BACKOFF = timedelta(hours=1)
 GIVE_UP_AFTER = timedelta(days=1)
 #: At most this many messages per channel per pass.
 PER_PASS = 20
-#: Sent and given-up messages are kept this long.
+#: Messages are kept this long (sent, given up, or queued for a channel since removed).
 KEEP = timedelta(days=30)
 #: How often kept messages are pruned.
 PRUNE_EVERY = timedelta(hours=1)
@@ -182,8 +182,8 @@ class Deliverer:
             return
         self._pruned_at = now
         with self.engine.begin() as conn:
-            conn.execute(delete(D).where(D.c.created_at < now - KEEP,
-                                         D.c.status.in_(["sent", "failed"])))
+            # Older than a day is sent or given up, or waits for a channel no longer set up.
+            conn.execute(delete(D).where(D.c.created_at < now - KEEP))
 
 
 @dataclass(frozen=True)
