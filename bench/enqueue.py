@@ -32,6 +32,8 @@ from .common import BenchDatabase, BenchFailure, Row, SectionResults, verdict
 
 BLOCK = 250
 FLOOR_RATIO = 1.5
+#: ``billing_outbox_enqueue`` against the bare INSERT of the same row (issue 32).
+FLOOR_SQL_FUNCTION = 1.3
 
 
 class _Base(DeclarativeBase):
@@ -165,6 +167,70 @@ def run_sqlite(n: int) -> dict[str, float]:
     return spent
 
 
+_BARE_INSERT = (
+    "INSERT INTO stripe_usage_outbox (tenant_id, meter, quantity, idempotency_key, occurred_at, "
+    "next_attempt_at, created_at, updated_at, status, attempt_count, call_count, key_generation) "
+    "VALUES (%s, 'api_requests', %s, %s, %s, %s, %s, %s, 'pending', 0, 0, 0) "
+    "ON CONFLICT (idempotency_key) DO NOTHING RETURNING id")
+_FUNCTION = "SELECT billing_outbox_enqueue(%s, %s, %s, NULL, NULL)"
+
+
+def run_sql_function(db: BenchDatabase, n: int) -> dict[str, float]:
+    """Seconds for ``n`` one-event transactions each way, straight through psycopg as a
+    producer in another language would send them: the bare INSERT of the outbox row, and
+    ``billing_outbox_enqueue`` (default meter, time now), interleaved in blocks."""
+    from datetime import UTC, datetime
+
+    from sqlalchemy import func
+
+    from webapp.db import make_engine
+    from webapp.models import OutboxEvent
+
+    with db.outbox_schema("enqfn") as url:
+        engine = make_engine(url, pool_pre_ping=False)
+        try:
+            raw = engine.raw_connection()
+            conn = raw.driver_connection
+            assert conn is not None
+
+            def bare(i: int) -> None:
+                now = datetime.now(UTC)
+                with conn.cursor() as cur:
+                    cur.execute(_BARE_INSERT, (f"tenant-{i % 20:03d}", 1 + i % 7, f"b:{i}",
+                                               now, now, now, now))
+                    cur.fetchone()
+                conn.commit()
+
+            def function(i: int) -> None:
+                with conn.cursor() as cur:
+                    cur.execute(_FUNCTION, (f"tenant-{i % 20:03d}", 1 + i % 7, f"f:{i}"))
+                    cur.fetchone()
+                conn.commit()
+
+            ways = {"insert": bare, "function": function}
+            for fn in ways.values():
+                for i in range(20):
+                    fn(10_000_000 + i)
+            spent = dict.fromkeys(ways, 0.0)
+            names = list(ways)
+            for b in range(0, n, BLOCK):
+                k = (b // BLOCK) % len(names)
+                for name in names[k:] + names[:k]:
+                    t0 = time.perf_counter()
+                    for i in range(b, min(b + BLOCK, n)):
+                        ways[name](i)
+                    spent[name] += time.perf_counter() - t0
+            raw.close()
+            with Session(engine) as check:
+                events = check.scalar(select(func.count()).select_from(OutboxEvent))
+            if events != 2 * n + 40:
+                raise BenchFailure(f"enqueue (SQL function): expected {2 * n + 40} outbox "
+                                   f"rows, found {events}")
+        finally:
+            engine.dispose()
+    return spent
+
+
 class EnqueueResults(SectionResults):
     """The enqueue section's figures (``events``: transactions per contender and run)."""
 
@@ -173,7 +239,13 @@ def run(db: BenchDatabase, *, n: int, runs: int, log: Any = print) -> EnqueueRes
     res = EnqueueResults(events=n, runs=runs)
     for i in range(runs):
         r = {"postgres": run_postgres(db, n), "sqlite": run_sqlite(n)}
-        res.raw.append(r)
+        fn = run_sql_function(db, n)
+        res.raw.append({**r, "sql_function": fn})
+        res.fig("sql_insert_ms").add(fn["insert"] / n * 1000)
+        res.fig("sql_function_ms").add(fn["function"] / n * 1000)
+        res.fig("sql_function_ratio").add(fn["function"] / fn["insert"])
+        log(f"enqueue run {i + 1}/{runs} SQL: bare INSERT {fn['insert'] / n * 1000:.3f} ms/tx, "
+            f"billing_outbox_enqueue {fn['function'] / fn['insert']:.2f}×")
         for backend, spent in r.items():
             for name, secs in spent.items():
                 res.fig(f"{backend}_{name}_ms").add(secs / n * 1000)
@@ -204,4 +276,15 @@ def rows(res: EnqueueResults) -> list[Row]:
             Row(s, f"{label}: ratio seed savepoint + IntegrityError / bare",
                 f(f"{backend}_seed_ratio").fmt(2, "×")),
         ]
+    out += [
+        Row(s, f"PostgreSQL, another language's producer ({res.events:,} one-event "
+               "transactions through psycopg): the bare INSERT of the outbox row",
+            f("sql_insert_ms").fmt(3, " ms/tx")),
+        Row(s, "PostgreSQL: billing_outbox_enqueue (every check, the default meter read)",
+            f("sql_function_ms").fmt(3, " ms/tx")),
+        Row(s, "PostgreSQL: ratio billing_outbox_enqueue / bare INSERT",
+            f("sql_function_ratio").fmt(2, "×"), f"≤ {FLOOR_SQL_FUNCTION:g}×",
+            verdict(f("sql_function_ratio").median <= FLOOR_SQL_FUNCTION),
+            floor_name=f"billing_outbox_enqueue ≤ {FLOOR_SQL_FUNCTION:g}× a bare INSERT"),
+    ]
     return out

@@ -116,6 +116,9 @@ class PgTemplate:
         self.schema_url = schema_url  # schema name -> URL whose search_path is that schema
         self._admin: Engine | None = None
         self._script: str | None = None
+        #: The schema the script was recorded in: named in it where the migrations pin a
+        #: function's search_path, and replaced by each new schema's name.
+        self._recorded_in = ""
 
     def admin(self) -> Engine:
         with _lock:
@@ -135,6 +138,7 @@ class PgTemplate:
         import secrets
 
         schema = f"t_tmpl_{secrets.token_hex(6)}"
+        self._recorded_in = schema
         admin = create_engine(self.admin_url, isolation_level="AUTOCOMMIT")
         try:
             with admin.connect() as conn:
@@ -153,7 +157,7 @@ class PgTemplate:
         sql = f'BEGIN;\nCREATE SCHEMA "{schema}";\n'
         if migrated:
             sql += (f"SELECT pg_catalog.set_config('search_path', '\"{schema}\"', true);\n"
-                    + self.script())
+                    + self.script().replace(f'"{self._recorded_in}"', f'"{schema}"'))
         sql += "COMMIT;\n"
         with self.admin().connect() as conn:
             # The driver's own execute with no parameters: the simple query protocol, which

@@ -30,6 +30,7 @@ from .outbox import (
     Tenant,
 )
 from .people import AuditEntry, AuditEvent, LoginThrottle, User
+from .producers import OutboxSetting
 from .reports import REPORT_STATUSES, UsageReport, UsageReportRow
 from .rollups import (
     AttemptRollup,
@@ -62,7 +63,7 @@ __all__ = [
     "Base", "BigID", "BillingWatch", "Control", "DeliveryAttempt", "DrainerHeartbeat", "LateFound",
     "LateUsage",
     "LoginThrottle", "NotifyAlert", "NotifyDelivery",
-    "OutboxEvent",
+    "OutboxEvent", "OutboxSetting",
     "PrunedUsageRollup", "ReconciledDay", "ReconciledMeterDay", "ReconciledMonth",
     "ReconciliationMismatch",
     "ReconciliationRun", "RollupState", "SentUsageDay", "SentUsageMonthly", "SentUsageRollup",

@@ -54,6 +54,7 @@ from ..models import (
     NotifyAlert,
     NotifyDelivery,
     OutboxEvent,
+    OutboxSetting,
     PrunedUsageRollup,
     ReconciledDay,
     ReconciledMeterDay,
@@ -117,6 +118,7 @@ LATE_FOUND = cast(Table, LateFound.__table__)
 BILLING_WATCH = cast(Table, BillingWatch.__table__)
 NOTIFY_ALERTS = cast(Table, NotifyAlert.__table__)
 NOTIFY_DELIVERIES = cast(Table, NotifyDelivery.__table__)
+OUTBOX_SETTINGS = cast(Table, OutboxSetting.__table__)
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 

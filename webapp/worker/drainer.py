@@ -34,6 +34,7 @@ from ..db import reading
 from ..models import utcnow
 from ..outbox import claims, control, record
 from ..outbox.meters import MeterInfo
+from ..outbox.producers import record_default_meter
 from ..outbox.states import CallResult
 from ..stripe_gateway import StripeGateway
 from .batch import Sender, Sent
@@ -171,6 +172,13 @@ class Drainer:
         ``app``), so the dashboard's status line knows this drainer and its breaker."""
         self.heartbeat = Heartbeat(self.engine, self.worker, kind, clock=self.clock,
                                    monotonic=self.monotonic)
+        # Producers in SQL take their default meter from what the running project records.
+        try:
+            record_default_meter(self.engine, self.settings.stripe_meter_event_name,
+                                 now=self.clock())
+        except Exception:  # noqa: BLE001 - an old schema must not stop the drain
+            log.warning("could not record the default meter for billing_outbox_enqueue "
+                        "(run billing-outbox db upgrade)")
 
     def request_stop(self) -> None:
         """Stop claiming; in-flight calls finish, the rest of the batch is released."""

@@ -28,8 +28,12 @@ def db_group() -> None:
 def db_upgrade() -> None:
     """Migrate the database to the newest schema (safe to run twice)."""
     from ...migrate import current_revision, upgrade
+    from ...models import utcnow
+    from ...outbox.producers import record_default_meter
 
     upgrade(services().engine)
+    record_default_meter(services().engine, services().settings.stripe_meter_event_name,
+                         now=utcnow())
     click.echo(f"database at revision {current_revision(services().engine)}")
 
 
