@@ -102,7 +102,10 @@ CATALOG = {
         SELECT c.relname, pg_get_viewdef(c.oid)
         FROM pg_class c WHERE c.relnamespace = :ns AND c.relkind IN ('v', 'm') ORDER BY 1""",
     "functions": """
-        SELECT p.proname, pg_get_function_identity_arguments(p.oid), md5(p.prosrc)
+        SELECT p.proname, pg_get_function_identity_arguments(p.oid), md5(p.prosrc),
+               p.prosecdef, replace(coalesce(array_to_string(p.proconfig, ','), ''),
+                                    (SELECT nspname FROM pg_namespace WHERE oid = :ns),
+                                    '<schema>')
         FROM pg_proc p WHERE p.pronamespace = :ns ORDER BY 1, 2""",
     "types": """
         SELECT t.typname, t.typtype FROM pg_type t
