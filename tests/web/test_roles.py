@@ -130,7 +130,9 @@ PREPARED_READS = {"tenants.prepare_report", "tenants.check_with_stripe"}
 def test_every_endpoint_is_public_by_intent_or_needs_a_role(app) -> None:
     """A new view without ``require_role`` fails here instead of shipping unauthenticated."""
     public = {"static", "health.healthz", "health.readyz", "health.health", "metrics.metrics",
-              "auth.login", "auth.logout", "webhook.receive"}
+              "auth.login", "auth.logout", "webhook.receive",
+              # A bearer token of its own, never a session (tests/web/test_ingest_api.py).
+              "api.ingest_usage"}
     for rule in app.url_map.iter_rules():
         view = app.view_functions[rule.endpoint]
         if rule.endpoint in public:

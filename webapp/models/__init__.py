@@ -30,7 +30,7 @@ from .outbox import (
     Tenant,
 )
 from .people import AuditEntry, AuditEvent, LoginThrottle, User
-from .producers import OutboxSetting
+from .producers import IngestToken, OutboxSetting
 from .reports import REPORT_STATUSES, UsageReport, UsageReportRow
 from .rollups import (
     AttemptRollup,
@@ -60,7 +60,8 @@ __all__ = [
     "REPORT_STATUSES",
     "WAITING_IDLE_SQL",
     "AttemptRollup", "AuditEntry", "AuditEvent",
-    "Base", "BigID", "BillingWatch", "Control", "DeliveryAttempt", "DrainerHeartbeat", "LateFound",
+    "Base", "BigID", "BillingWatch", "Control", "DeliveryAttempt", "DrainerHeartbeat",
+    "IngestToken", "LateFound",
     "LateUsage",
     "LoginThrottle", "NotifyAlert", "NotifyDelivery",
     "OutboxEvent", "OutboxSetting",

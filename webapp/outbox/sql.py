@@ -49,6 +49,7 @@ from ..models import (
     Control,
     DeliveryAttempt,
     DrainerHeartbeat,
+    IngestToken,
     LateFound,
     LateUsage,
     NotifyAlert,
@@ -119,6 +120,7 @@ BILLING_WATCH = cast(Table, BillingWatch.__table__)
 NOTIFY_ALERTS = cast(Table, NotifyAlert.__table__)
 NOTIFY_DELIVERIES = cast(Table, NotifyDelivery.__table__)
 OUTBOX_SETTINGS = cast(Table, OutboxSetting.__table__)
+INGEST_TOKENS = cast(Table, IngestToken.__table__)
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 

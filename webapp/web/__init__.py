@@ -14,6 +14,7 @@ from flask import Flask
 
 def register_blueprints(app: Flask) -> None:
     from . import (
+        api,
         audit,
         auth,
         dashboard,
@@ -41,7 +42,7 @@ def register_blueprints(app: Flask) -> None:
     security.init_app(app)
     templating.init_app(app)
     errors.init_app(app)
-    for module in (health, metrics, webhook, auth, dashboard, tenants, dead_letters, rejected,
+    for module in (health, metrics, webhook, api, auth, dashboard, tenants, dead_letters, rejected,
                    events, search, reconciliation, periods, stripe_side, audit, users,
                    mappings_bulk, notifications):
         app.register_blueprint(module.bp)

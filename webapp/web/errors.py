@@ -60,6 +60,10 @@ def init_app(app: Flask) -> None:
 
 
 def _answer(code: int, title: str, message: str) -> ResponseReturnValue:
+    if request.path.startswith("/api/"):
+        from .api import problem
+
+        return problem(code, title, message)
     kind = _MACHINE.get(request.endpoint or "")
     if kind == "json" or (kind is None and _wants_json()):
         resp = jsonify(status="error", code=code, error=title, message=message)

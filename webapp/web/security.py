@@ -35,9 +35,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 #: Endpoints that answer without a session and never touch the user table.
 PUBLIC = frozenset({"static", "health.healthz", "health.readyz", "metrics.metrics",
-                    "auth.login", "auth.logout", "webhook.receive"})
-#: Endpoints whose POSTs carry Stripe's signature instead of a session's CSRF token.
-SIGNED_BY_STRIPE = frozenset({"webhook.receive"})
+                    "auth.login", "auth.logout", "webhook.receive", "api.ingest_usage"})
+#: Endpoints whose POSTs carry Stripe's signature, or an ingest token, instead of a
+#: session's CSRF token (no session is read for them).
+SIGNED_BY_STRIPE = frozenset({"webhook.receive", "api.ingest_usage"})
 
 #: Endpoints a user who must change their password may still reach.
 PASSWORD_CHANGE_ONLY = frozenset({"static", "account.password", "auth.logout", "auth.login"})
