@@ -48,7 +48,8 @@ DUPLICATE = ("An event already exists with identifier key-dup; events are dedupl
 
 #: Answers that are not HTML pages (exports, probes, assets).
 NOT_PAGES = frozenset({"static", "health.healthz", "health.readyz", "health.health",
-                       "metrics.metrics", "audit.export", "tenants.export", "events.export"})
+                       "metrics.metrics", "audit.export", "tenants.export", "events.export",
+                       "api.openapi"})
 
 MODES: dict[str, dict[str, Any]] = {
     "light": {"color_scheme": "light", "viewport": {"width": 1280, "height": 900}},

@@ -132,7 +132,7 @@ def test_every_endpoint_is_public_by_intent_or_needs_a_role(app) -> None:
     public = {"static", "health.healthz", "health.readyz", "health.health", "metrics.metrics",
               "auth.login", "auth.logout", "webhook.receive",
               # A bearer token of its own, never a session (tests/web/test_ingest_api.py).
-              "api.ingest_usage"}
+              "api.ingest_usage", "api.openapi"}
     for rule in app.url_map.iter_rules():
         view = app.view_functions[rule.endpoint]
         if rule.endpoint in public:

@@ -90,6 +90,14 @@ def _authorized() -> Token | Response:
     return token
 
 
+@bp.get("/api/openapi.json")
+def openapi() -> Response:
+    """The API described as OpenAPI 3.1."""
+    from .openapi import document
+
+    return Response(json.dumps(document(MAX_EVENTS, MAX_BYTES)), mimetype="application/json")
+
+
 @bp.post("/api/v1/usage")
 def ingest_usage() -> Response:
     token = _authorized()

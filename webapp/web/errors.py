@@ -34,6 +34,14 @@ def init_app(app: Flask) -> None:
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException) -> ResponseReturnValue:
+        if request.path.startswith("/api/"):
+            from .api import problem
+
+            resp = problem(exc.code or 500, exc.name, exc.description or exc.name)
+            for name, value in exc.get_headers():  # Allow on a 405, for instance
+                if name.lower() != "content-type":
+                    resp.headers[name] = value
+            return resp
         return _answer(exc.code or 500, exc.name, exc.description or exc.name)
 
     @app.errorhandler(OperationError)

@@ -35,10 +35,15 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 #: Endpoints that answer without a session and never touch the user table.
 PUBLIC = frozenset({"static", "health.healthz", "health.readyz", "metrics.metrics",
-                    "auth.login", "auth.logout", "webhook.receive", "api.ingest_usage"})
+                    "auth.login", "auth.logout", "webhook.receive", "api.ingest_usage",
+                    "api.openapi"})
 #: Endpoints whose POSTs carry Stripe's signature, or an ingest token, instead of a
 #: session's CSRF token (no session is read for them).
 SIGNED_BY_STRIPE = frozenset({"webhook.receive", "api.ingest_usage"})
+
+#: Where the ingest API answers: a bearer token is its only credential, so no session is read
+#: there and no CSRF token asked for (any method, any path under it).
+API_PREFIX = "/api/"
 
 #: Endpoints a user who must change their password may still reach.
 PASSWORD_CHANGE_ONLY = frozenset({"static", "account.password", "auth.logout", "auth.login"})
@@ -195,7 +200,8 @@ def init_app(app: Flask) -> None:
     @app.before_request
     def load_user() -> Response | None:
         g.user = None
-        if request.endpoint in PUBLIC - {"auth.login", "auth.logout"}:
+        if (request.endpoint in PUBLIC - {"auth.login", "auth.logout"}
+                or request.path.startswith(API_PREFIX)):
             return None
         if session.get("uid") is None:
             return None
@@ -231,7 +237,8 @@ def init_app(app: Flask) -> None:
     def check_csrf() -> None:
         # Every mutation is a POST, and every POST carries the session's token: in a hidden
         # form field, or in the X-CSRF-Token header that htmx sends from <body hx-headers>.
-        if request.method in ("GET", "HEAD", "OPTIONS") or request.endpoint in SIGNED_BY_STRIPE:
+        if (request.method in ("GET", "HEAD", "OPTIONS") or request.endpoint in SIGNED_BY_STRIPE
+                or request.path.startswith(API_PREFIX)):
             return
         sent = request.headers.get("X-CSRF-Token") or CSRF_TOKEN.parse()
         if not same_token(sent, session.get("csrf")):
