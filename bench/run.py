@@ -29,9 +29,9 @@ from typing import Any
 
 from .common import RESULTS_DIR, ROOT, BenchDatabase, BenchFailure, Row, nproc, sources_digest
 
-SECTIONS = ("drain", "enqueue", "e2e", "memory", "dashboard", "money", "periods", "scale",
-            "claim")
-DEFAULT = ("drain", "enqueue", "e2e", "memory", "dashboard", "money", "periods")
+SECTIONS = ("drain", "enqueue", "ingest", "e2e", "memory", "dashboard", "money", "periods",
+            "scale", "claim")
+DEFAULT = ("drain", "enqueue", "ingest", "e2e", "memory", "dashboard", "money", "periods")
 
 #: Where ``bench/RESULTS.md`` keeps the scale section's figures (see ``main``).
 SCALE_HEADING = "## Scale: 10 million rows"
@@ -40,6 +40,7 @@ SCALE_HEADING = "## Scale: 10 million rows"
 SIZES = {
     "drain": (20_000, 2_000),
     "enqueue": (5_000, 300),
+    "ingest": (100_000, 10_000),         # events over HTTP, in batches of 500
     "e2e": (10_000, 1_000),
     "memory": (100_000, 10_000),
     "dashboard": (1_000_000, 100_000),   # outbox rows, loaded once per invocation
@@ -170,6 +171,11 @@ def main(argv: list[str] | None = None) -> int:
 
                 res = enqueue.run(db, n=size["enqueue"], runs=args.runs, log=log)
                 rows += enqueue.rows(res)
+            elif section == "ingest":
+                from . import ingest
+
+                res = ingest.run(db, events=size["ingest"], runs=args.runs, log=log)
+                rows += ingest.rows(res)
             elif section == "e2e":
                 from . import e2e
 
