@@ -101,6 +101,7 @@ PAGES: tuple[Page, ...] = (
     Page("notifications", "/notifications", ("notifications.index",)),
     Page("audit", "/audit", ("audit.index",)),
     Page("users", "/users", ("users.index",)),
+    Page("tokens", "/tokens", ("tokens.index",)),
     Page("event-dead", "/events/{dead}", ("events.show",)),
     Page("event-sent", "/events/{duplicate}", ("events.show",)),
     Page("event-retrying", "/events/{retrying}", ("events.show",)),

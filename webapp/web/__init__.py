@@ -34,6 +34,7 @@ def register_blueprints(app: Flask) -> None:
         stripe_side,
         templating,
         tenants,
+        tokens,
         users,
         webhook,
     )
@@ -44,6 +45,6 @@ def register_blueprints(app: Flask) -> None:
     errors.init_app(app)
     for module in (health, metrics, webhook, api, auth, dashboard, tenants, dead_letters, rejected,
                    events, search, reconciliation, periods, stripe_side, audit, users,
-                   mappings_bulk, notifications):
+                   mappings_bulk, notifications, tokens):
         app.register_blueprint(module.bp)
     app.register_blueprint(auth.account_bp)
