@@ -263,3 +263,11 @@ def test_the_documented_grants_let_a_producer_enqueue_and_nothing_else(pg: Engin
         with pg.begin() as conn:
             conn.execute(text(f'DROP OWNED BY "{role}"'))
             conn.execute(text(f'DROP ROLE "{role}"'))
+
+
+def test_its_events_say_they_came_from_sql(pg: Engine) -> None:
+    with pg.begin() as conn:
+        event_id = conn.execute(text("SELECT billing_outbox_enqueue('acme', 1, 'src')")
+                                ).scalar_one()
+        assert conn.execute(select(OutboxEvent.source).where(OutboxEvent.id == event_id)
+                            ).scalar_one() == "sql"

@@ -68,8 +68,11 @@ def seed_rows(seed: Any, engine: Engine) -> dict[str, Any]:
     now = utcnow()
     rows = seed_every_kind(seed, now)
     spare = create_user(engine, "spare@example.com", PASSWORD, "viewer", now=now)
+    from webapp.outbox.tokens import create_token
+
+    token, _ = create_token(engine, "fuzz-token", actor="test", now=now)
     return {**rows, "sent_id": rows["sent"], "user_id": spare,
-            "mismatch_id": seed.lost_day(now)}
+            "mismatch_id": seed.lost_day(now), "token_name": token.name}
 
 
 class Session:
@@ -101,7 +104,7 @@ def path_cases(rule: Any, sample: dict[str, Any]) -> Iterator[tuple[str, str, st
     template = rule.build(values, append_unknown=False)[1]
     real = {"tenant_id": sample["tenant_id"], "user_id": sample["user_id"],
             "event_id": sample["sent_id"] if "cancel" in rule.endpoint else sample["event_id"],
-            "mismatch_id": sample["mismatch_id"]}
+            "mismatch_id": sample["mismatch_id"], "name": sample["token_name"]}
     valid = template
     for arg in rule.arguments:
         sentinel = TENANT_SENTINEL if arg == "tenant_id" else str(ID_SENTINEL)

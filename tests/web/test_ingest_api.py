@@ -172,3 +172,34 @@ def test_tokens_as_a_user_runs_them(db_url: str, engine: Engine) -> None:
     assert secret not in stored and len(stored) == 64
     assert [tuple(a) for a in audit] == [("token_create", "billing-svc"),
                                         ("token_revoke", "billing-svc")]
+
+
+def test_the_dashboard_says_where_each_event_came_from(app: Flask, engine: Engine,
+                                                       client_as: Any, token: str) -> None:
+    """Python, SQL or an HTTP token: on the event page, and as the events list's filter."""
+    from sqlalchemy.orm import Session
+
+    from webapp.outbox import enqueue_usage
+
+    with Session(engine) as s, s.begin():
+        py_id = enqueue_usage(s, tenant_id="acme", quantity=1, idempotency_key="py:1").id
+    http_id = post(app.test_client(), token, {"events": [event("h:1")]}).get_json()[
+        "results"][0]["id"]
+    viewer = client_as("viewer")
+    page = viewer.get(f"/events/{http_id}").get_data(as_text=True)
+    assert "the HTTP API, token “orders-service”" in page
+    assert "/events?source=http:orders-service" in page
+    assert "Python (enqueue_usage)" in viewer.get(f"/events/{py_id}").get_data(as_text=True)
+
+    def listed(source: str) -> set[int]:
+        html = viewer.get(f"/events?source={source}").get_data(as_text=True)
+        return {i for i in (py_id, http_id) if f'href="/events/{i}"' in html}
+
+    assert listed("python") == {py_id}
+    assert listed("http") == {http_id}
+    assert listed("http:orders-service") == {http_id}
+    assert listed("http:someone-else") == set()
+    assert listed("sql") == set()
+    assert viewer.get("/events?source=ftp").status_code == 400
+    chips = viewer.get("/events?source=http").get_data(as_text=True)
+    assert "from the HTTP API (any token)" in chips

@@ -136,6 +136,10 @@ class OutboxEvent(Base):
     #: Set and cleared by the billing refresher (``webapp.outbox.invoices``, migration 0022);
     #: the claim takes these events first, soonest to finalize first.
     invoice_finalizes_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    #: Where the event came from (migration 0026): ``sql`` (``billing_outbox_enqueue``),
+    #: ``http:<token name>`` (the ingest API); None: ``enqueue_usage`` in Python, which writes
+    #: nothing more for it on the request path.
+    source: Mapped[str | None] = mapped_column(String(120))
 
     __table_args__ = (
         # The claim: an index scan over due rows only, never over everything ever sent.
@@ -206,6 +210,11 @@ class OutboxEvent(Base):
         Index("ix_outbox_stripe_identifier", "stripe_identifier", unique=True,
               postgresql_where=text("stripe_identifier IS NOT NULL"),
               sqlite_where=text("stripe_identifier IS NOT NULL")),
+        # The events list's source filter (migration 0026): the events of other producers
+        # only, so enqueue_usage's inserts never touch it.
+        Index("ix_outbox_source", "source", "id",
+              postgresql_where=text("source IS NOT NULL"),
+              sqlite_where=text("source IS NOT NULL")),
     )
 
     @property

@@ -102,8 +102,9 @@ def _differences(row: Any, v: _Valid) -> list[str]:
 
 _PG_BATCH = (
     "INSERT INTO stripe_usage_outbox (tenant_id, meter, quantity, idempotency_key, occurred_at, "
-    "next_attempt_at, created_at, updated_at, status, attempt_count, call_count, key_generation) "
-    "SELECT t, m, q, k, o, %(now)s, %(now)s, %(now)s, 'pending', 0, 0, 0 "
+    "next_attempt_at, created_at, updated_at, status, attempt_count, call_count, key_generation, "
+    "source) "
+    "SELECT t, m, q, k, o, %(now)s, %(now)s, %(now)s, 'pending', 0, 0, 0, %(source)s "
     "FROM unnest(%(t)s::text[], %(m)s::text[], %(q)s::bigint[], %(k)s::text[], "
     "%(o)s::timestamptz[]) AS e(t, m, q, k, o) "
     "ON CONFLICT (idempotency_key) DO NOTHING RETURNING id, idempotency_key")
@@ -117,8 +118,9 @@ def _insert(dialect: str) -> Any:
 
 
 def ingest(engine: Engine, events: Sequence[Any], *, now: datetime,
-           meter_default: str | None = None) -> list[Result]:
-    """Record ``events``; a result for each, in order (see the module's docstring)."""
+           meter_default: str | None = None, source: str | None = None) -> list[Result]:
+    """Record ``events``; a result for each, in order (see the module's docstring).
+    ``source``: where they came from (``http:<token name>``), kept on each event."""
     meter_default = meter_default or default_meter()
     results: list[Result | None] = [None] * len(events)
     first: dict[str, _Valid] = {}      # the first valid event of each key in the batch
@@ -149,7 +151,8 @@ def ingest(engine: Engine, events: Sequence[Any], *, now: datetime,
                                             "m": [v.meter for v in vs],
                                             "q": [v.quantity for v in vs],
                                             "k": [v.key for v in vs],
-                                            "o": [v.occurred_at for v in vs], "now": now})
+                                            "o": [v.occurred_at for v in vs], "now": now,
+                                            "source": source})
                     ids = {k: int(i) for i, k in cur.fetchall()}
             else:
                 # One statement for the batch: SQLAlchemy's "insertmanyvalues" sends the rows
@@ -157,7 +160,8 @@ def ingest(engine: Engine, events: Sequence[Any], *, now: datetime,
                 rows = [dict(tenant_id=v.tenant_id, meter=v.meter, quantity=v.quantity,
                              idempotency_key=v.key, occurred_at=v.occurred_at,
                              next_attempt_at=now, created_at=now, updated_at=now,
-                             status="pending", attempt_count=0, call_count=0, key_generation=0)
+                             status="pending", attempt_count=0, call_count=0, key_generation=0,
+                             source=source)
                         for v in first.values()]
                 ids = {k: int(i) for i, k in conn.execute(_insert(conn.dialect.name), rows)}
             missing = [k for k in first if k not in ids]

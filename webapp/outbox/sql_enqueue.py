@@ -58,9 +58,12 @@ def _days(seconds: float) -> str:
     return f"{int(seconds)} seconds"
 
 
-def create_statements(schema: str) -> list[str]:
+def create_statements(schema: str, *, with_source: bool = True) -> list[str]:
     """The DDL that creates (or replaces) the function and its helper in ``schema``. No
-    ``%`` in it: drivers read one as a placeholder."""
+    ``%`` in it: drivers read one as a placeholder. ``with_source``: the event's ``source``
+    column is written (``sql``; it exists from migration 0026 on)."""
+    source_column = ", source" if with_source else ""
+    source_value = ", 'sql'" if with_source else ""
     path = f'"{schema}", pg_temp'
     text_problem = f"""
 CREATE OR REPLACE FUNCTION billing_outbox_text_problem(value text, ascii_only boolean)
@@ -137,9 +140,9 @@ BEGIN
 
     INSERT INTO stripe_usage_outbox (tenant_id, meter, quantity, idempotency_key, occurred_at,
                                      next_attempt_at, created_at, updated_at, status,
-                                     attempt_count, call_count, key_generation)
+                                     attempt_count, call_count, key_generation{source_column})
     VALUES (p_tenant_id, v_meter, p_quantity, p_idempotency_key, v_at, v_now, v_now, v_now,
-            'pending', 0, 0, 0)
+            'pending', 0, 0, 0{source_value})
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING id INTO v_id;
     IF v_id IS NOT NULL THEN
@@ -179,7 +182,7 @@ $fn$"""
 #: What ``billing_outbox_enqueue`` writes and reads of the outbox, as column grants.
 INSERTED = ("tenant_id", "meter", "quantity", "idempotency_key", "occurred_at",
             "next_attempt_at", "created_at", "updated_at", "status", "attempt_count",
-            "call_count", "key_generation")
+            "call_count", "key_generation", "source")
 READ_BACK = ("id", "tenant_id", "meter", "quantity", "idempotency_key", "occurred_at")
 
 

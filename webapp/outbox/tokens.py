@@ -96,6 +96,8 @@ def list_tokens(engine: Engine) -> list[Token]:
 
 def revoke_token(engine: Engine, name: str, *, actor: str, now: datetime) -> Token:
     """Revoke ``name`` at once (its next request is refused); a second revoke is refused."""
+    if text_problem(name):
+        raise TokenError(f"no token is named {name[:40]!r}")
     with engine.begin() as conn:
         row = conn.execute(select(K).where(K.c.name == name)).first()
         if row is None:

@@ -19,6 +19,18 @@ NONE = "-"
 WHY = {"unknown_past_window": "outcome unknown past the 24 h window",
        "exhausted": "retries exhausted", "permanent": "permanent error"}
 AGES = {"near": "within 7 days of Stripe's 35-day limit", "over": "past Stripe's 35-day limit"}
+#: The ``source`` filter's values beside ``http:<token name>``: each producer door.
+SOURCES = {"python": "Python (enqueue_usage)", "sql": "SQL (billing_outbox_enqueue)",
+           "http": "the HTTP API (any token)"}
+
+
+def source_words(source: str | None) -> str:
+    """Where an event came from, in words (its ``source`` column; None: Python)."""
+    if source is None:
+        return SOURCES["python"]
+    if source.startswith("http:"):
+        return f"the HTTP API, token “{source[5:]}”"
+    return SOURCES.get(source, source)
 
 
 @dataclass(frozen=True)
@@ -53,6 +65,8 @@ class EventFilters:
     period_start: int | None = None
     period_end: int | None = None
     report: str = ""  # a Stripe error report's id: the events its errors were traced to
+    #: Where the events came from: ``python``, ``sql``, ``http`` or ``http:<token name>``.
+    source: str = ""
 
     def __post_init__(self) -> None:
         for s in self.status:
@@ -62,6 +76,8 @@ class EventFilters:
             raise ValueError(f"age must be one of {', '.join(AGES)}")
         if self.why and self.why not in WHY:
             raise ValueError(f"why must be one of {', '.join(WHY)}")
+        if self.source and self.source not in SOURCES and not self.source.startswith("http:"):
+            raise ValueError(f"source must be one of {', '.join(SOURCES)} or http:<token name>")
 
     def params(self) -> dict[str, Any]:
         """The filters in effect as query-string parameters (``url_for`` repeats a list)."""
@@ -69,7 +85,7 @@ class EventFilters:
         if self.status:
             out["status"] = list(self.status)
         for name in ("tenant", "customer", "meter", "age", "code", "error_class", "http", "why",
-                     "reject_code", "outcome", "request", "report"):
+                     "reject_code", "outcome", "request", "report", "source"):
             if getattr(self, name):
                 out[name] = getattr(self, name)
         for name in DATE_FILTERS:
@@ -118,6 +134,9 @@ class EventFilters:
             add(f"Stripe customer {self.customer}", "customer")
         if self.meter:
             add(f"meter {self.meter}", "meter")
+        if self.source:
+            add("from " + (SOURCES[self.source] if self.source in SOURCES
+                           else source_words(self.source)), "source")
         for name, words in DATE_FILTERS.items():
             value = getattr(self, name)
             if value is not None:

@@ -132,7 +132,8 @@ def ingest_usage() -> Response:
                        f"{len(events):,}. Split it.")
     at = now()
     results = ingest(svc().engine, events, now=at,
-                     meter_default=svc().settings.stripe_meter_event_name)
+                     meter_default=svc().settings.stripe_meter_event_name,
+                     source=f"http:{token.name}")
     if BUCKETS.should_mark(token.id):
         mark_used(svc().engine, token.id, now=at)
     payload: dict[str, Any] = {"results": [r.as_dict() for r in results]}

@@ -65,9 +65,11 @@ PERIOD = IntRange("period", 0, 253_402_300_799)
 REQUEST = Text("request", 255, pattern=r"[A-Za-z0-9_:~.-]+")
 #: A Stripe error report's id: the events its errors were traced to.
 REPORT = Text("report", 255)
+#: Where the events came from: python, sql, http or http:<token name>.
+SOURCE = Text("source", 120, pattern=r"python|sql|http|http:.+")
 LIST_FILTERS = (STATUS, TENANT, CUSTOMER, METER, CREATED_FROM, CREATED_TO, OCCURRED_FROM,
                 OCCURRED_TO, SENT_FROM, SENT_TO, DUE, AGE, CODE, ERROR_CLASS, HTTP, WHY,
-                REJECT_CODE, OUTCOME, AUDIT_ID, ATTEMPTS, REQUEST, REPORT, PERIOD)
+                REJECT_CODE, OUTCOME, AUDIT_ID, ATTEMPTS, REQUEST, REPORT, PERIOD, SOURCE)
 LIMIT = Int("limit", 1, lists.MAX_LIMIT, default=lists.DEFAULT_LIMIT, clamp=True)
 BEFORE = Int("before", 1, MAX_ID)
 
@@ -86,7 +88,7 @@ def list_filters() -> event_filters.EventFilters:
         code=CODE.get(), error_class=ERROR_CLASS.get(), http=HTTP.get(), why=WHY.get(),
         reject_code=REJECT_CODE.get(), outcome=OUTCOME.get(), audit=tuple(AUDIT_ID.get()),
         attempts_min=lo, attempts_max=hi, request=REQUEST.get(), report=REPORT.get(),
-        period_start=start, period_end=end)
+        period_start=start, period_end=end, source=SOURCE.get())
 
 
 def _detail(event_id: int) -> EventDetail:
@@ -171,7 +173,7 @@ def find() -> ResponseReturnValue:
                                        else {}))
     return render("events/index.html", page=page, f=filters, params=params, limit=limit,
                   track=track, statuses=ALL_STATUSES, ages=event_filters.AGES,
-                  paged=BEFORE.get() is not None,
+                  sources=event_filters.SOURCES, paged=BEFORE.get() is not None,
                   poll_url=url_for("events.find", **params, before=BEFORE.get()))
 
 

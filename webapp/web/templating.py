@@ -16,6 +16,7 @@ from ..config import STRIPE_API_BASE_DEFAULT, STRIPE_METER_EVENTS_BASE_DEFAULT
 from ..db import reading
 from ..outbox.billing_watch import watched
 from ..outbox.guards import REQUEUE_PAGE_WORDS
+from ..read.event_filters import source_words
 from ..read.health import Health, health
 from ..read.overview import invoice_at_risk
 from ..read.words import (
@@ -280,7 +281,8 @@ def init_app(app: Flask) -> None:
                                  state_words=state_words, outcome_words=outcome_words,
                                  pre_aggregated_words=pre_aggregated_words,
                                  found_by_words=found_by_words)
-    app.jinja_env.globals.update(when=when, qs=qs, csrf_token=csrf_token, chrome=chrome,
+    app.jinja_env.globals.update(source_words=source_words, when=when, qs=qs,
+                                 csrf_token=csrf_token, chrome=chrome,
                                  is_stream_request=is_stream_request,
                                  is_duplicate=is_duplicate, has_role=has_role, escape=escape,
                                  tenant_url=tenant_url,

@@ -35,7 +35,7 @@ def upgrade() -> None:
     bind = op.get_bind()
     if bind.dialect.name == "postgresql":
         schema = bind.execute(sa.text("SELECT current_schema()")).scalar_one()
-        for statement in sql_enqueue.create_statements(schema):
+        for statement in sql_enqueue.create_statements(schema, with_source=False):
             bind.exec_driver_sql(statement)
 
 
