@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from sqlalchemy import Connection, text
+
 from .enqueue import MAX_QUANTITY
 from .ids import TEXT_LIMIT
 from .states import MAX_AGE, MAX_AHEAD
@@ -201,6 +203,16 @@ def grant_statements(schema: str, role: str) -> list[str]:
         f"GRANT USAGE ON SEQUENCE {s}.stripe_usage_outbox_id_seq TO {r}",
         f"GRANT SELECT ON {s}.outbox_settings TO {r}",
     ]
+
+
+def install(conn: Connection, *, with_source: bool) -> None:
+    """Create (or replace) the function in the connection's schema, on PostgreSQL; nothing on
+    SQLite, which has no functions of this kind. For the migrations."""
+    if conn.dialect.name != "postgresql":
+        return
+    schema = conn.execute(text("SELECT current_schema()")).scalar_one()
+    for statement in create_statements(schema, with_source=with_source):
+        conn.exec_driver_sql(statement)
 
 
 def drop_statements() -> list[str]:

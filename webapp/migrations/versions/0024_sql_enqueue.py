@@ -32,11 +32,7 @@ def upgrade() -> None:
         sa.Column("recorded_at", UTCDateTime(), nullable=False),
         sa.PrimaryKeyConstraint("name", name=op.f("pk_outbox_settings")),
     )
-    bind = op.get_bind()
-    if bind.dialect.name == "postgresql":
-        schema = bind.execute(sa.text("SELECT current_schema()")).scalar_one()
-        for statement in sql_enqueue.create_statements(schema, with_source=False):
-            bind.exec_driver_sql(statement)
+    sql_enqueue.install(op.get_bind(), with_source=False)
 
 
 def downgrade() -> None:

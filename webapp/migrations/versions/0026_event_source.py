@@ -28,19 +28,11 @@ def upgrade() -> None:
     op.create_index("ix_outbox_source", "stripe_usage_outbox", ["source", "id"],
                     postgresql_where=sa.text("source IS NOT NULL"),
                     sqlite_where=sa.text("source IS NOT NULL"))
-    bind = op.get_bind()
-    if bind.dialect.name == "postgresql":
-        schema = bind.execute(sa.text("SELECT current_schema()")).scalar_one()
-        for statement in sql_enqueue.create_statements(schema, with_source=True):
-            bind.exec_driver_sql(statement)
+    sql_enqueue.install(op.get_bind(), with_source=True)
 
 
 def downgrade() -> None:
-    bind = op.get_bind()
-    if bind.dialect.name == "postgresql":
-        schema = bind.execute(sa.text("SELECT current_schema()")).scalar_one()
-        for statement in sql_enqueue.create_statements(schema, with_source=False):
-            bind.exec_driver_sql(statement)
+    sql_enqueue.install(op.get_bind(), with_source=False)
     op.drop_index("ix_outbox_source", table_name="stripe_usage_outbox")
     with op.batch_alter_table("stripe_usage_outbox") as batch:
         batch.drop_column("source")
