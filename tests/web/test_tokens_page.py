@@ -21,6 +21,7 @@ def test_an_admin_makes_a_token_sees_it_once_and_revokes_it(client_as: Any,
     resp = admin.post("/tokens", data={"name": "orders-service", "rate": "20",
                                        "csrf_token": csrf_of(admin, "/tokens")})
     assert resp.status_code == 200
+    assert resp.headers["Cache-Control"] == "no-store"
     html = resp.get_data(as_text=True)
     secret = re.search(r'id="token-value">(bo_[A-Za-z0-9_-]+)<', html)
     assert secret, html[:2000]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Blueprint, flash, redirect, url_for
+from flask import Blueprint, flash, make_response, redirect, url_for
 from flask.typing import ResponseReturnValue
 
 from ..outbox.tokens import DEFAULT_RATE, TokenError, create_token, list_tokens, revoke_token
@@ -44,8 +44,11 @@ def create() -> ResponseReturnValue:
     except TokenError as exc:
         flash(f"Nothing changed: {exc}.", "error")
         return redirect(url_for("tokens.index"), code=303)
-    # The token is in this answer only: not in a redirect, a flash or the session cookie.
-    return _page(made=token, secret=secret)
+    # The token is in this answer only: not in a redirect, a flash or the session cookie,
+    # and no cache keeps it.
+    resp = make_response(_page(made=token, secret=secret))
+    resp.headers["Cache-Control"] = "no-store"
+    return resp
 
 
 @bp.post("/tokens/<path:name>/revoke")
