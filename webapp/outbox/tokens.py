@@ -16,6 +16,7 @@ from sqlalchemy import Engine, select
 from sqlalchemy import update as sa_update
 
 from ..audit import write_audit
+from ..db import reading
 from .ids import text_problem
 from .sql import INGEST_TOKENS as K
 
@@ -90,7 +91,7 @@ def create_token(engine: Engine, name: str, *, scopes: tuple[str, ...] = SCOPES,
 
 
 def list_tokens(engine: Engine) -> list[Token]:
-    with engine.connect() as conn:
+    with reading(engine) as conn:
         return [_token(r) for r in conn.execute(select(K).order_by(K.c.name))]
 
 
