@@ -31,7 +31,9 @@ from sqlalchemy.orm import DeclarativeBase, Session, mapped_column
 from .common import BenchDatabase, BenchFailure, Row, SectionResults, verdict
 
 BLOCK = 250
-FLOOR_RATIO = 1.5
+#: ``enqueue_usage`` against the bare work transaction on PostgreSQL (issue 32: back where it
+#: was before the dashboard's indexes; 1.5× until then).
+FLOOR_RATIO = 1.3
 #: ``billing_outbox_enqueue`` against the bare INSERT of the same row (issue 32).
 FLOOR_SQL_FUNCTION = 1.3
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from conftest import wait_for
-from sqlalchemy import Engine, create_engine, event, func, select, text
+from sqlalchemy import Engine, create_engine, event, func, inspect, select, text
 from sqlalchemy.orm import Session
 
 from webapp.db import make_engine
@@ -61,6 +61,33 @@ def test_row_written_with_its_fields(engine: Engine) -> None:
         assert got.occurred_at.tzinfo is not None
         assert got.stripe_customer_id is None
         assert got.next_attempt_at <= utcnow()
+
+
+def test_returned_event_is_the_sessions_own_row(engine: Engine) -> None:
+    """The new row comes back as the session's persistent object, loaded, nothing pending:
+    the session's queries and ``get`` hand back that same object, a change to it is flushed
+    like any loaded row's, and a rollback takes it with the row."""
+    with Session(engine) as db, db.begin():
+        row = enqueue(db)
+        state = inspect(row)
+        assert state.persistent and not state.modified and not db.new and not db.dirty
+        assert db.get(OutboxEvent, row.id) is row
+        assert db.scalars(select(OutboxEvent).where(
+            OutboxEvent.idempotency_key == "usage_log:1")).one() is row
+        assert enqueue(db) is row                         # the duplicate finds the same object
+        assert row.status == "pending" and row.tenant_id == "acme" and row.source is None
+        row.quantity = 4                                  # an ordinary change, flushed at commit
+        row_id = row.id
+    with Session(engine) as db:
+        assert db.get(OutboxEvent, row_id).quantity == 4  # type: ignore[union-attr]
+
+    with Session(engine) as db:
+        db.begin()
+        gone = enqueue(db, idempotency_key="usage_log:2")
+        gone_id = gone.id
+        db.rollback()
+        assert inspect(gone).expired                     # as every row the session loaded
+        assert db.get(OutboxEvent, gone_id) is None
 
 
 def test_meter_defaults_to_env(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
