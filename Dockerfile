@@ -20,17 +20,20 @@ RUN groupadd --system --gid 10001 app \
     && mkdir /data \
     && chown app:app /data
 
-COPY pyproject.toml README.md ./
+COPY requirements.lock pyproject.toml README.md ./
 COPY webapp ./webapp
 COPY templates ./templates
 COPY static ./static
 
+# Every dependency from the lock, each file checked against its hash (`make lock` writes it);
+# then the package itself, which adds nothing more (--no-deps).
 # Editable on purpose: the app finds templates/ and static/ beside its package (the project's
 # layout), so the package is used from /app rather than copied into site-packages. pip compiles
 # what it installs, not an editable package, and at run time nothing may write /app (nor would,
 # with PYTHONDONTWRITEBYTECODE): the package's bytecode is compiled here, once, or every command
 # and every gunicorn worker would compile webapp/ from source as it starts.
-RUN pip install --no-cache-dir -e . \
+RUN pip install --no-cache-dir --require-hashes -r requirements.lock \
+    && pip install --no-cache-dir --no-deps -e . \
     && python -m compileall -q webapp \
     && python -c "import webapp, flask, sqlalchemy, psycopg, gunicorn, apscheduler, alembic"
 

@@ -2,38 +2,68 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
+# What each command installs, from the lock files `make lock` writes (hashes required): the
+# runtime alone for `make run`; the runtime and the test, lint and bench tools for the rest.
+RUN_STAMP := $(VENV)/.run-$(shell cat requirements.lock pyproject.toml | sha1sum | cut -c1-12)
+DEV_STAMP := $(VENV)/.dev-$(shell cat requirements-dev.lock pyproject.toml | sha1sum | cut -c1-12)
+COMPILE   := $(BIN)/pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras \
+             --no-emit-index-url --no-emit-find-links
 
-.PHONY: run test lint bench install clean
+.PHONY: run test lint bench install lock lock-check clean
 
-$(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
-	rm -f $(VENV)/.installed-* && touch $(STAMP)
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
 
-install: $(STAMP)
+$(RUN_STAMP): requirements.lock pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --require-hashes -r requirements.lock
+	$(BIN)/python -m pip install --quiet --no-deps -e .
+	rm -f $(VENV)/.run-* && touch $@
 
-run: $(STAMP)
+$(DEV_STAMP): requirements-dev.lock pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --require-hashes -r requirements-dev.lock
+	$(BIN)/python -m pip install --quiet --no-deps -e .
+	rm -f $(VENV)/.dev-* $(VENV)/.run-* && touch $@ $(RUN_STAMP)
+
+install: $(DEV_STAMP)
+
+run: $(RUN_STAMP)
 	$(BIN)/billing-outbox db upgrade
 	@HOST=$(HOST) PORT=$(PORT) $(BIN)/python -m webapp.first_run
 	$(BIN)/billing-outbox serve --host $(HOST) --port $(PORT)
+
+# Both lock files from pyproject.toml; the tools' lock keeps the runtime's pins. An existing
+# pin stays until `make lock UPGRADE=1` (pip-compile --upgrade).
+lock: $(DEV_STAMP)
+	$(COMPILE) $(if $(UPGRADE),--upgrade) -o requirements.lock pyproject.toml
+	$(COMPILE) $(if $(UPGRADE),--upgrade) --extra dev --extra bench -c requirements.lock \
+	    -o requirements-dev.lock pyproject.toml
+
+# CI: the lock files are what `make lock` writes from pyproject.toml today.
+lock-check: $(DEV_STAMP)
+	@tmp=$$(mktemp -d) && cp requirements.lock requirements-dev.lock $$tmp/ \
+	 && $(COMPILE) -o $$tmp/requirements.lock pyproject.toml \
+	 && $(COMPILE) --extra dev --extra bench -c $$tmp/requirements.lock \
+	      -o $$tmp/requirements-dev.lock pyproject.toml \
+	 && sed -i "s#$$tmp/##g" $$tmp/requirements.lock $$tmp/requirements-dev.lock \
+	 && diff -u requirements.lock $$tmp/requirements.lock \
+	 && diff -u requirements-dev.lock $$tmp/requirements-dev.lock \
+	 && echo "lock files are current" ; rc=$$?; rm -rf $$tmp; exit $$rc
 
 # Two processes, each taking whole test files (module fixtures such as the browser's served
 # stack stay in one process); PostgreSQL tests each have a schema of their own.
 TEST_WORKERS ?= 2
 
-test: $(STAMP)
+test: $(DEV_STAMP)
 	$(BIN)/python -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
-lint: $(STAMP)
+lint: $(DEV_STAMP)
 	$(BIN)/ruff check webapp tests bench
 	$(BIN)/mypy --strict webapp
 	$(BIN)/lint-imports
 
-bench: $(STAMP)
+bench: $(DEV_STAMP)
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
 
 clean:
