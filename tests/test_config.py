@@ -314,3 +314,18 @@ def test_retention_below_36_days_refused() -> None:
     assert (settings.retention_days, settings.prune_interval_seconds) == (36, 600.0)
     assert (load().retention_days, load().prune_interval_seconds) == (40, 3600.0)
     assert "OUTBOX_PRUNE_INTERVAL_SECONDS" in refused(OUTBOX_PRUNE_INTERVAL_SECONDS="1")
+
+
+def test_direct_url_is_for_postgresql_and_never_shown() -> None:
+    assert load().database_direct_url is None
+    got = load(DATABASE_URL="postgres://app:pw@pooler:6432/db",
+                DATABASE_DIRECT_URL="postgresql://app:s3cret-direct@db:5432/db")
+    assert got.database_direct_url == "postgresql+psycopg://app:s3cret-direct@db:5432/db"
+    assert "s3cret-direct" not in repr(got)
+    assert load(DATABASE_URL="postgres://pooler/db",
+                 DATABASE_DIRECT_URL="  ").database_direct_url is None
+    message = refused(DATABASE_URL="sqlite:////tmp/x.sqlite3",
+                      DATABASE_DIRECT_URL="postgresql://db/db")
+    assert message.startswith("DATABASE_DIRECT_URL is for PostgreSQL")
+    message = refused(DATABASE_URL="postgres://pooler/db", DATABASE_DIRECT_URL="mysql://db/db")
+    assert message == "DATABASE_DIRECT_URL must be a postgresql://… URL"

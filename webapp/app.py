@@ -63,7 +63,10 @@ def create_app(test_config: Mapping[str, Any] | None = None, *,
         n = settings.trusted_proxies
         app.wsgi_app = ProxyFix(app.wsgi_app, x_for=n, x_proto=n, x_host=n)  # type: ignore[method-assign]
 
-    engine = engine or make_engine(settings.database_url)
+    if engine is None:
+        from .pooler import pooled_engine_options
+
+        engine = make_engine(settings.database_url, **pooled_engine_options(settings))
     app.extensions[EXTENSION] = Services(settings, engine, make_session_factory(engine))
 
     from .web.cli import register_commands

@@ -102,6 +102,10 @@ class Settings:
     notify: Notify = field(default_factory=lambda: Notify())
     #: Whether ``DATABASE_URL`` was set (if not: the embedded default, SQLite in instance/).
     database_url_given: bool = False
+    #: ``DATABASE_DIRECT_URL``: a direct (or session-pooled) PostgreSQL connection for what
+    #: holds session state (the lane and shard locks) when ``DATABASE_URL`` goes through a
+    #: transaction pooler; None: ``DATABASE_URL`` serves both (see ``webapp.pooler``).
+    database_direct_url: str | None = field(default=None, repr=False)
     #: ``SESSION_COOKIE_SECURE`` as set; None: secure everywhere but the embedded default.
     session_cookie_secure: bool | None = None
     #: ``FLASK_DEBUG``: Flask's debug mode (any secret key accepted, as by the embedded
@@ -218,6 +222,8 @@ class Settings:
             log_level=choice(env, "LOG_LEVEL", "INFO",
                               ("DEBUG", "INFO", "WARNING", "ERROR"), upper=True),
             database_url_given=bool((env.get("DATABASE_URL") or "").strip()),
+            database_direct_url=_direct_url(env.get("DATABASE_DIRECT_URL"),
+                                            env.get("DATABASE_URL")),
             session_cookie_secure=(None if not (env.get("SESSION_COOKIE_SECURE") or "").strip()
                                    else boolean(env, "SESSION_COOKIE_SECURE", False)),
             debug=_flag(env.get("FLASK_DEBUG")),
@@ -285,6 +291,17 @@ def _database_url(raw: str | None) -> str:
     scheme = url.split(":", 1)[0] if ":" in url else url
     raise ConfigError(
         f"DATABASE_URL: unsupported scheme {scheme!r}; use postgresql://… (psycopg 3) or sqlite:///…")
+
+
+def _direct_url(raw: str | None, main: str | None) -> str | None:
+    if not raw or not raw.strip():
+        return None
+    if not _database_url(main).startswith("postgresql"):
+        raise ConfigError("DATABASE_DIRECT_URL is for PostgreSQL: set DATABASE_URL to "
+                          "postgresql://… too, or unset DATABASE_DIRECT_URL")
+    if not raw.strip().startswith(("postgres://", "postgresql://", "postgresql+psycopg://")):
+        raise ConfigError("DATABASE_DIRECT_URL must be a postgresql://… URL")
+    return _database_url(raw)
 
 
 def _api_key(raw: str | None) -> str | None:

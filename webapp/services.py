@@ -39,15 +39,38 @@ class Services:
     _drainer: Drainer | None = field(default=None, repr=False)
     _gateway: StripeGateway | None = field(default=None, repr=False)
     _gateway_made: bool = field(default=False, repr=False)
+    _lock_engine: Engine | None = field(default=None, repr=False)
 
     def drainer(self) -> Drainer:
-        """The process's drainer, built on first use."""
+        """The process's drainer, built on first use. Refused (``ConfigError``, one line)
+        through a transaction pooler without ``DATABASE_DIRECT_URL``: its lane and shard locks
+        are session state (``webapp.pooler``); with it, they are taken over that URL."""
         if self._drainer is None:
             from .worker import Drainer
 
+            self.check_session_state()
             self._drainer = Drainer(self.engine, self.settings, self.gateway(),
-                                    clock=self.clock)
+                                    clock=self.clock, lock_engine=self.lock_engine())
         return self._drainer
+
+    def check_session_state(self) -> None:
+        """Raise ``ConfigError`` when what holds session state cannot run here."""
+        from .config import ConfigError
+        from .pooler import session_state_problem
+
+        problem = session_state_problem(self.settings)
+        if problem is not None:
+            raise ConfigError(problem)
+
+    def lock_engine(self) -> Engine | None:
+        """The engine of ``DATABASE_DIRECT_URL`` (the lane and shard locks), or None: the
+        main engine serves them."""
+        if self._lock_engine is None and self.settings.database_direct_url:
+            from .db import make_engine
+
+            self._lock_engine = make_engine(self.settings.database_direct_url, pool_size=1,
+                                            max_overflow=2)
+        return self._lock_engine
 
     def gateway(self) -> StripeGateway | None:
         """The process's Stripe gateway (None without a key), built on first use: the drainer,

@@ -99,6 +99,9 @@ class Pass:
 class Drainer:
     """Wires the outbox core to a gateway. One per process; thread-safe ``drain_once``.
 
+    ``lock_engine``: where the lane and shard locks are taken (``DATABASE_DIRECT_URL``);
+    None: ``engine``.
+
     ``gateway``: the process's (``Services.gateway()``; None without ``STRIPE_API_KEY``: then
     nothing is claimed). ``check_meters``: read Stripe's meters through it and send only to
     active ones, with each meter's payload keys (the product always does; a benchmark's
@@ -108,14 +111,16 @@ class Drainer:
                  clock: Callable[[], datetime] = utcnow,
                  monotonic: Callable[[], float] = time.monotonic, worker: str | None = None,
                  breaker: CircuitBreaker | None = None, rng: random.Random | None = None,
-                 check_meters: bool = True) -> None:
+                 check_meters: bool = True, lock_engine: Engine | None = None) -> None:
         self.engine = engine
         self.settings = settings
         self.clock = clock
         self.monotonic = monotonic
         self.worker = worker or worker_name()
         self.policy = policy_from(settings)
-        self.lanes = lane_locks(engine, monotonic=monotonic)
+        # The lane and shard locks are session state: over DATABASE_DIRECT_URL when the main
+        # engine goes through a transaction pooler (webapp.pooler).
+        self.lanes = lane_locks(lock_engine or engine, monotonic=monotonic)
         self.breaker = breaker or CircuitBreaker(monotonic=monotonic)
         self.rng = rng or random.Random()  # noqa: S311 - jitter, not security
         self.stopping = threading.Event()

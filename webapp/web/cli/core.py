@@ -43,6 +43,8 @@ def db_upgrade() -> None:
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(1, 64))
 def serve(host: str, port: int, workers: int) -> NoReturn:
     """Serve the dashboard with gunicorn; the drainer runs inside it."""
+    if services().settings.drainer_enabled:
+        services().check_session_state()  # before gunicorn, not in each of its workers
     env = dict(os.environ)
     env.pop("FLASK_RUN_FROM_CLI", None)
     args = [sys.executable, "-m", "gunicorn", "--workers", str(workers), "--threads", "4",

@@ -1,0 +1,156 @@
+"""Through Debian's PgBouncer in transaction mode (``support.pgbouncer``), started here in
+front of the local PostgreSQL: the pooler is found, every command that holds lane and shard
+locks refuses to start without ``DATABASE_DIRECT_URL`` (one line, exit 2), and with it the
+events enqueued inside pooled transactions drain to Stripe once each, with no prepared
+statement on a pooled connection and no advisory lock left on one."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import pytest
+from conftest import PG_URL, REQUIRE_POSTGRES, cli, start_worker, stop_process, wait_for, worker_env
+from sqlalchemy import Engine, func, select, text
+from sqlalchemy.orm import Session
+from support.pgbouncer import PgBouncer, available
+
+from webapp.db import make_engine
+from webapp.models import OutboxEvent, utcnow
+from webapp.outbox import enqueue_usage
+from webapp.outbox.operations import set_tenant
+from webapp.pooler import transaction_pooled
+
+pytestmark = [pytest.mark.postgres]
+
+
+@pytest.fixture
+def bouncer(pg_url: str) -> Iterator[PgBouncer]:
+    reason = available()
+    if reason is not None:
+        if REQUIRE_POSTGRES:
+            pytest.fail(f"REQUIRE_POSTGRES=1 but {reason}")
+        pytest.skip(reason)
+    options = unquote(parse_qs(urlsplit(pg_url).query)["options"][0])
+    schema = options.split("search_path=", 1)[1]
+    database = urlsplit(PG_URL).path.lstrip("/")
+    pooler = PgBouncer(PG_URL, database, schema).start()
+    try:
+        yield pooler
+    finally:
+        pooler.stop()
+
+
+@pytest.fixture
+def pooled(bouncer: PgBouncer) -> Iterator[Engine]:
+    """The application's own engine through the pooler, as docs/deployment.md says to make it."""
+    engine = make_engine(bouncer.url("tx"), connect_args={"prepare_threshold": None})
+    yield engine
+    engine.dispose()
+
+
+def prepared_on_each_server(bouncer: PgBouncer) -> list[int]:
+    """Statements prepared on each of the pooler's server connections: as many transactions
+    held open at once as the pool has servers, so each reads a different one's."""
+    import psycopg
+
+    conninfo = f"host=127.0.0.1 port={bouncer.port} user=postgres dbname=tx"
+    held = [psycopg.connect(conninfo, prepare_threshold=None) for _ in range(bouncer.pool_size)]
+    try:
+        pids = {c.execute("SELECT pg_backend_pid()").fetchone()[0] for c in held}  # type: ignore[index]
+        assert len(pids) == bouncer.pool_size
+        return [c.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()[0]  # type: ignore[index]
+                for c in held]
+    finally:
+        for c in held:
+            c.rollback()  # a client leaving in a transaction would cost the pooler its server
+            c.close()
+
+
+def test_transaction_pooling_is_found_and_nothing_else(bouncer: PgBouncer, pg_url: str) -> None:
+    for _ in range(3):
+        assert transaction_pooled(bouncer.url("tx"))
+        assert not transaction_pooled(bouncer.url("session"))
+        assert not transaction_pooled(pg_url)
+
+
+@pytest.mark.parametrize("command", [("worker",), ("drain",), ("drain", "--once"),
+                                     ("serve", "--port", "8999")])
+def test_commands_with_lane_locks_refuse_without_the_direct_url(
+        bouncer: PgBouncer, fake_stripe: Any, command: tuple[str, ...]) -> None:
+    env = worker_env(bouncer.url("tx"), fake_stripe.base_url)
+    done = cli(*command, env=env, timeout=60)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("billing-outbox: DATABASE_URL goes through a transaction pooler")
+    assert "DATABASE_DIRECT_URL" in lines[0]
+    assert fake_stripe.accept_count() == 0
+
+
+def test_session_pooling_needs_no_direct_url(bouncer: PgBouncer, fake_stripe: Any) -> None:
+    env = worker_env(bouncer.url("session"), fake_stripe.base_url)
+    done = cli("drain", "--once", env=env, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_drains_once_each_through_the_pooler_with_the_direct_url(
+        bouncer: PgBouncer, pooled: Engine, pg_url: str, fake_stripe: Any,
+        tmp_path: Path) -> None:
+    direct = make_engine(pg_url)
+    try:
+        set_tenant(direct, "acme", stripe_customer_id="cus_acme", name=None, now=utcnow())
+        # Enqueued inside the caller's pooled transactions: enqueue_usage (many times over, past
+        # psycopg's prepare threshold), the SQL function, one rolled back, one duplicate.
+        for i in range(40):
+            with Session(pooled) as db, db.begin():
+                enqueue_usage(db, tenant_id="acme", quantity=1 + i % 3,
+                              idempotency_key=f"pooled:{i}", meter="api_requests")
+        with Session(pooled) as db, db.begin():
+            again = enqueue_usage(db, tenant_id="acme", quantity=1, idempotency_key="pooled:0",
+                                  meter="api_requests")
+            assert again.quantity == 1
+        with pooled.begin() as conn:
+            conn.execute(text("SELECT billing_outbox_enqueue('acme', 5, 'pooled:sql', "
+                              "'api_requests', NULL)"))
+        with pytest.raises(RuntimeError), Session(pooled) as db, db.begin():
+            enqueue_usage(db, tenant_id="acme", quantity=1, idempotency_key="pooled:gone",
+                          meter="api_requests")
+            raise RuntimeError("the work failed")
+
+        env = worker_env(bouncer.url("tx"), fake_stripe.base_url,
+                         fake_stripe.meter_events_url, DATABASE_DIRECT_URL=pg_url)
+        log = tmp_path / "worker.log"
+        worker = start_worker(env, log)
+        try:
+            # A worker's poll, claim and maintenance statements run many times over, past
+            # psycopg's prepare threshold (5), on whichever server connection is free.
+            wait_for(lambda: fake_stripe.accept_count() >= 41, 60, message="41 accepted")
+            time.sleep(3)
+        finally:
+            assert stop_process(worker) == 0, log.read_text()[-3000:]
+        done = cli("drain", env=env, timeout=120)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "prepared statement" not in log.read_text()
+
+        accepted = fake_stripe.accepted()
+        assert set(accepted) == {f"pooled:{i}" for i in range(40)} | {"pooled:sql"}
+        assert fake_stripe.accept_count() == 41
+        with direct.connect() as conn:
+            statuses = dict(conn.execute(select(OutboxEvent.status, func.count())
+                                         .group_by(OutboxEvent.status)).all())
+            assert statuses == {"sent": 41}
+            # Nothing session-scoped stayed behind on the pooler's server connections.
+            pids = bouncer.server_pids()
+            assert pids, "the pooler holds no server connection"
+            left = conn.execute(text("SELECT count(*) FROM pg_locks WHERE locktype = "
+                                     "'advisory' AND pid = ANY(:p)"), {"p": list(pids)})
+            assert left.scalar_one() == 0
+        assert prepared_on_each_server(bouncer) == [0] * bouncer.pool_size
+        assert "prepared statement" not in bouncer.log()
+        assert "prepared statement" not in done.stderr
+    finally:
+        direct.dispose()
