@@ -166,8 +166,9 @@ class Settings:
         env = os.environ if env is None else env
         api = choice(env, "STRIPE_METER_EVENT_API", "v1", METER_EVENT_APIS)
         api_key = _api_key(env.get("STRIPE_API_KEY"))
+        database_url = _database_url(env.get("DATABASE_URL"))
         settings = cls(
-            database_url=_database_url(env.get("DATABASE_URL")),
+            database_url=database_url,
             secret_key=env.get("SECRET_KEY") or None,
             stripe_api_key=api_key,
             stripe_api_base=(url("STRIPE_API_BASE", env.get("STRIPE_API_BASE"))
@@ -222,8 +223,7 @@ class Settings:
             log_level=choice(env, "LOG_LEVEL", "INFO",
                               ("DEBUG", "INFO", "WARNING", "ERROR"), upper=True),
             database_url_given=bool((env.get("DATABASE_URL") or "").strip()),
-            database_direct_url=_direct_url(env.get("DATABASE_DIRECT_URL"),
-                                            env.get("DATABASE_URL")),
+            database_direct_url=_direct_url(env.get("DATABASE_DIRECT_URL"), database_url),
             session_cookie_secure=(None if not (env.get("SESSION_COOKIE_SECURE") or "").strip()
                                    else boolean(env, "SESSION_COOKIE_SECURE", False)),
             debug=_flag(env.get("FLASK_DEBUG")),
@@ -293,10 +293,10 @@ def _database_url(raw: str | None) -> str:
         f"DATABASE_URL: unsupported scheme {scheme!r}; use postgresql://… (psycopg 3) or sqlite:///…")
 
 
-def _direct_url(raw: str | None, main: str | None) -> str | None:
+def _direct_url(raw: str | None, database_url: str) -> str | None:
     if not raw or not raw.strip():
         return None
-    if not _database_url(main).startswith("postgresql"):
+    if not database_url.startswith("postgresql"):
         raise ConfigError("DATABASE_DIRECT_URL is for PostgreSQL: set DATABASE_URL to "
                           "postgresql://… too, or unset DATABASE_DIRECT_URL")
     if not raw.strip().startswith(("postgres://", "postgresql://", "postgresql+psycopg://")):

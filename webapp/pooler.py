@@ -23,11 +23,14 @@ one first), or the first is moved.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from sqlalchemy.engine import make_url
 
 from .config import Settings
+
+log = logging.getLogger(__name__)
 
 _PID = "SELECT pg_backend_pid()"
 #: Transactions held open by the second client: enough for a pool handing servers out in
@@ -71,9 +74,20 @@ def session_state_problem(settings: Settings) -> str | None:
     """One line saying why a command that holds lane and shard locks cannot start, or None.
 
     Asked only of PostgreSQL without ``DATABASE_DIRECT_URL`` (with it, the locks go there)."""
+    import psycopg
+
     if not settings.is_postgres or settings.database_direct_url:
         return None
-    if not transaction_pooled(settings.database_url):
+    try:
+        pooled = transaction_pooled(settings.database_url)
+    except psycopg.Error as exc:
+        # Unreachable now: start as before (the drainer waits for the database) rather than
+        # refuse a worker started beside a database that is still coming up.
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        log.warning("could not look for a transaction pooler in front of the database (%s); "
+                    "starting without the check", first)
+        return None
+    if not pooled:
         return None
     return ("DATABASE_URL goes through a transaction pooler (PgBouncer in transaction mode or "
             "the like), where the drainer's lane and shard locks would not hold: set "

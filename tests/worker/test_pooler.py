@@ -6,6 +6,7 @@ statement on a pooled connection and no advisory lock left on one."""
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -89,6 +90,24 @@ def test_commands_with_lane_locks_refuse_without_the_direct_url(
     assert lines[0].startswith("billing-outbox: DATABASE_URL goes through a transaction pooler")
     assert "DATABASE_DIRECT_URL" in lines[0]
     assert fake_stripe.accept_count() == 0
+
+
+def test_an_unreachable_database_is_not_taken_for_a_pooler(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A worker started before its database is up starts as before (and waits for it)."""
+    from webapp.config import Settings
+    from webapp.pooler import session_state_problem
+
+    port = socket.socket()
+    port.bind(("127.0.0.1", 0))
+    try:
+        settings = Settings(database_url=f"postgresql+psycopg://postgres@127.0.0.1:"
+                                         f"{port.getsockname()[1]}/nothing_here")
+        with caplog.at_level("WARNING", logger="webapp.pooler"):
+            assert session_state_problem(settings) is None
+    finally:
+        port.close()
+    assert "could not look for a transaction pooler" in caplog.text
 
 
 def test_session_pooling_needs_no_direct_url(bouncer: PgBouncer, fake_stripe: Any) -> None:

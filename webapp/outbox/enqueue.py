@@ -112,7 +112,7 @@ def _as_persistent(db: Session, new_id: int, params: dict[str, Any]) -> OutboxEv
     event: OutboxEvent = _MANAGER.new_instance()
     event.__dict__.update(_FRESH_ROW, id=new_id, **params)
     state = instance_state(event)
-    key = (OutboxEvent, (new_id,), None)
+    key = _MAPPER.identity_key_from_primary_key((new_id,))
     state.key = key
     state.identity_token = None
     state.session_id = db.hash_key
@@ -120,7 +120,8 @@ def _as_persistent(db: Session, new_id: int, params: dict[str, Any]) -> OutboxEv
     return event
 
 
-_MANAGER = inspect(OutboxEvent).class_manager
+_MAPPER = inspect(OutboxEvent)
+_MANAGER = _MAPPER.class_manager
 
 
 def enqueue_usage(db: Session, *, tenant_id: str, quantity: int, idempotency_key: str,

@@ -44,7 +44,7 @@ def db_upgrade() -> None:
 def serve(host: str, port: int, workers: int) -> NoReturn:
     """Serve the dashboard with gunicorn; the drainer runs inside it."""
     if services().settings.drainer_enabled:
-        services().check_session_state()  # before gunicorn, not in each of its workers
+        services().check_session_state()  # at once, before gunicorn (its workers' look again)
     env = dict(os.environ)
     env.pop("FLASK_RUN_FROM_CLI", None)
     args = [sys.executable, "-m", "gunicorn", "--workers", str(workers), "--threads", "4",
