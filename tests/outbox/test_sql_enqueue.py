@@ -231,6 +231,50 @@ def test_a_draining_process_records_its_default_meter(pg: Engine, pg_url: str) -
         drainer.close()
 
 
+def test_a_default_meter_not_recorded_at_start_is_recorded_later(
+        pg: Engine, pg_url: str, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The database did not answer as the drainer started (a pooler dropping its connections,
+    a failover): the warning says so, and a later pass records the meter."""
+    from conftest import make_settings
+    from sqlalchemy.exc import OperationalError
+
+    from webapp.worker import Drainer
+    from webapp.worker import drainer as drainer_module
+
+    real = drainer_module.record_default_meter
+    calls = []
+
+    def flaky(engine: Engine, meter: str, *, now: Any) -> None:
+        calls.append(meter)
+        if len(calls) == 1:
+            raise OperationalError("SELECT", {}, Exception("server closed the connection"))
+        real(engine, meter, now=now)
+
+    monkeypatch.setattr(drainer_module, "record_default_meter", flaky)
+    clock = [1000.0]
+    drainer = Drainer(pg, make_settings(pg_url, stripe_meter_event_name="gpu_seconds"), None,
+                      monotonic=lambda: clock[0])
+    try:
+        with caplog.at_level("WARNING", logger="webapp.worker.drainer"):
+            drainer.announce("worker")
+        assert "the database did not answer: OperationalError" in caplog.text
+        assert "db upgrade" not in caplog.text
+        drainer.drain_once()
+        assert len(calls) == 1  # not before the retry is due
+        clock[0] += drainer_module.METER_RECORD_RETRY_SECONDS
+        drainer.drain_once()
+        drainer.drain_once()
+        assert calls == ["gpu_seconds", "gpu_seconds"]
+        with pg.begin() as conn:
+            event_id = conn.execute(text("SELECT billing_outbox_enqueue('acme', 2, 'late')")
+                                    ).scalar_one()
+            assert conn.execute(select(OutboxEvent.meter).where(OutboxEvent.id == event_id)
+                                ).scalar_one() == "gpu_seconds"
+    finally:
+        drainer.close()
+
+
 def test_the_documented_grants_let_a_producer_enqueue_and_nothing_else(pg: Engine) -> None:
     import secrets
 

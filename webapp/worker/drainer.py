@@ -50,6 +50,9 @@ from .throttle import RateLimiter, process_limiter
 
 log = logging.getLogger(__name__)
 
+#: After a failed record of the default meter, how long until the next try.
+METER_RECORD_RETRY_SECONDS = 30
+
 
 @dataclass
 class DrainSummary:
@@ -156,6 +159,8 @@ class Drainer:
         self._totals_lock = threading.Lock()
         #: Set by :meth:`announce` for a long-lived drainer (the dashboard reads it).
         self.heartbeat: Heartbeat | None = None
+        #: When to record the default meter for producers in SQL (None: done, or not asked).
+        self._meter_record_due: float | None = None
 
     @property
     def gateway(self) -> StripeGateway | None:
@@ -178,12 +183,26 @@ class Drainer:
         self.heartbeat = Heartbeat(self.engine, self.worker, kind, clock=self.clock,
                                    monotonic=self.monotonic)
         # Producers in SQL take their default meter from what the running project records.
+        self._meter_record_due = self.monotonic()
+        self._record_default_meter()
+
+    def _record_default_meter(self) -> None:
+        """Record the default meter, now if due; after a failure, again a while later (a
+        database that did not answer at start-up must not leave the old meter for good)."""
+        due = self._meter_record_due
+        if due is None or self.monotonic() < due:
+            return
         try:
             record_default_meter(self.engine, self.settings.stripe_meter_event_name,
                                  now=self.clock())
-        except Exception:  # noqa: BLE001 - an old schema must not stop the drain
+        except Exception as exc:  # noqa: BLE001 - an old schema must not stop the drain
+            self._meter_record_due = self.monotonic() + METER_RECORD_RETRY_SECONDS
+            hint = ("run billing-outbox db upgrade" if "outbox_settings" in str(exc)
+                    else f"the database did not answer: {type(exc).__name__}")
             log.warning("could not record the default meter for billing_outbox_enqueue "
-                        "(run billing-outbox db upgrade)")
+                        "(%s); trying again in %d s", hint, METER_RECORD_RETRY_SECONDS)
+        else:
+            self._meter_record_due = None
 
     def request_stop(self) -> None:
         """Stop claiming; in-flight calls finish, the rest of the batch is released."""
@@ -294,6 +313,7 @@ class Drainer:
                                     sent_total=self.totals.sent)
         if p.summary.claimed:
             log.info("drained: %s", p.summary.as_dict())
+        self._record_default_meter()
 
     def release_pass(self, p: Pass) -> None:
         """Return a batch claimed ahead to the queue untouched."""
