@@ -9,8 +9,11 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from urllib.parse import urlsplit
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
 
 BINARY = "/usr/sbin/pgbouncer"
 
@@ -99,6 +102,47 @@ pidfile = {self.workdir / 'pgbouncer.pid'}
             names = [d.name for d in cur.description or ()]
             return {int(row[names.index("remote_pid")]) for row in cur.fetchall()}
 
+    def admin(self, command: str) -> None:
+        """One command on the admin console (``PAUSE tx``, ``KILL tx``, ``RESUME tx``…)."""
+        import psycopg
+
+        with psycopg.connect(f"host=127.0.0.1 port={self.port} user={self.server[2]} "
+                             "dbname=pgbouncer", autocommit=True) as admin:
+            admin.execute(command)
+
+    def advisory_locks(self, engine: Any) -> int:
+        """Advisory locks held by the pooler's server connections (read over ``engine``, a
+        direct connection); session state there would outlive the client that took it."""
+        from sqlalchemy import text
+
+        pids = self.server_pids()
+        if not pids:
+            return 0
+        with engine.connect() as conn:
+            return int(conn.execute(text(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = ANY(:p)"),
+                {"p": list(pids)}).scalar_one())
+
+    def prepared_per_server(self) -> list[int]:
+        """Statements prepared on each of the pooler's server connections (``tx`` alias): as
+        many transactions held open at once as the pool has servers, so each reads a
+        different one's."""
+        import psycopg
+
+        conninfo = f"host=127.0.0.1 port={self.port} user={self.server[2]} dbname=tx"
+        held = [psycopg.connect(conninfo, prepare_threshold=None)
+                for _ in range(self.pool_size)]
+        try:
+            pids = {c.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
+                    for c in held}
+            assert len(pids) == self.pool_size
+            return [c.execute("SELECT count(*) FROM pg_prepared_statements")
+                    .fetchone()[0] for c in held]  # type: ignore[index]
+        finally:
+            for c in held:
+                c.rollback()  # a client leaving in a transaction would cost the pooler its server
+                c.close()
+
     def log(self) -> str:
         path = self.workdir / "pgbouncer.log"
         return path.read_text() if path.exists() else ""
@@ -112,3 +156,26 @@ pidfile = {self.workdir / 'pgbouncer.pid'}
                 self.proc.kill()
                 self.proc.wait(timeout=5)
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+@contextmanager
+def in_front_of(schema_url: str, *, pool_size: int = 4) -> Iterator[PgBouncer]:
+    """A started PgBouncer whose server connections land in the schema of ``schema_url`` (the
+    tests' ``pg_url``); a test that needs it fails under ``REQUIRE_POSTGRES=1`` (as in CI)
+    when PgBouncer is missing, and is skipped otherwise."""
+    import pytest
+    from conftest import PG_URL, REQUIRE_POSTGRES
+
+    reason = available()
+    if reason is not None:
+        if REQUIRE_POSTGRES:
+            pytest.fail(f"REQUIRE_POSTGRES=1 but {reason}")
+        pytest.skip(reason)
+    options = unquote(parse_qs(urlsplit(schema_url).query)["options"][0])
+    schema = options.split("search_path=", 1)[1]
+    database = urlsplit(PG_URL).path.lstrip("/")
+    pooler = PgBouncer(PG_URL, database, schema, pool_size=pool_size).start()
+    try:
+        yield pooler
+    finally:
+        pooler.stop()

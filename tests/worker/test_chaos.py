@@ -11,7 +11,12 @@ What must hold: the fake's accepted set equals the committed set exactly, values
 (customer, meter) lane were ever in flight at once.
 
 Run once per ``STRIPE_METER_EVENT_API``: with ``v2_stream`` the same faults meet stream
-requests, and every session token is expired now and then while the workers send.
+requests, and every session token is expired now and then while the workers send. And once
+more in ``v1`` through Debian's PgBouncer in transaction mode (issue 33): the workers and the
+enqueuers on the pooler, the lane and shard locks on ``DATABASE_DIRECT_URL``; the pooler drops
+every connection for a moment (``KILL``, then ``RESUME``); no advisory lock may ever be seen
+on one of its server connections, none prepared statement be left there, and no log mention
+a prepared statement.
 """
 
 from __future__ import annotations
@@ -24,14 +29,17 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import ExitStack
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from conftest import start_worker, wait_for, worker_env
 from sqlalchemy import Engine, func, select, text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 from support.fake_stripe import FakeStripe
+from support.pgbouncer import in_front_of
 
 from webapp.db import make_engine
 from webapp.models import OutboxEvent, utcnow
@@ -164,6 +172,10 @@ class Enqueuer(threading.Thread):
         self.rolled_back: set[str] = set()
         self.items: dict[str, tuple[str, int, int, int]] = {}
         self.duplicates = 0
+        #: Transactions a database error cut short (the pooler dropping every connection):
+        #: whether the last ones committed is read back from the table afterwards.
+        self.db_errors = 0
+        self.uncertain: dict[str, tuple[str, str, int, int]] = {}
         self.error: BaseException | None = None
         self._n = 0
 
@@ -191,10 +203,13 @@ class Enqueuer(threading.Thread):
                     time.sleep(min(0.05, wait))
                     continue
                 roll = self.rng.random()
-                if roll < 0.12:
-                    self._rollback_tx()
-                else:
-                    self._commit_tx(with_duplicate=roll < 0.3)
+                try:
+                    if roll < 0.12:
+                        self._rollback_tx()
+                    else:
+                        self._commit_tx(with_duplicate=roll < 0.3)
+                except DBAPIError:
+                    self.db_errors += 1
         except BaseException as exc:  # noqa: BLE001 - reported by the test
             self.error = exc
 
@@ -224,22 +239,69 @@ class Enqueuer(threading.Thread):
                 items.append(self.rng.choice(self.shared))
             self.duplicates += 1
         done: dict[str, tuple[str, str, int, int]] = {}
-        with Session(self.engine) as db, db.begin():
-            for item in items:
-                done[item[0]] = self._enqueue(db, item)
+        try:
+            with Session(self.engine) as db, db.begin():
+                for item in items:
+                    done[item[0]] = self._enqueue(db, item)
+        except DBAPIError:
+            # Cut short: committed or not, as the table will say.
+            self.uncertain.update((item[0], self._expected(item)) for item in items)
+            raise
         self.items.update((item[0], item) for item in items)
         self.committed.update(done)
+
+    @staticmethod
+    def _expected(item: tuple[str, int, int, int]) -> tuple[str, str, int, int]:
+        key, lane, quantity, age = item
+        at = BASE - timedelta(seconds=age)
+        return (CUSTOMERS[lane // len(METERS)], METERS[lane % len(METERS)], quantity,
+                int(at.timestamp()))
+
+    def settle_uncertain(self, engine: Engine) -> None:
+        """What the table holds of the transactions cut short counts as committed."""
+        if not self.uncertain:
+            return
+        with engine.connect() as conn:
+            there = set(conn.execute(select(T.c.idempotency_key).where(
+                T.c.idempotency_key.in_(list(self.uncertain)))).scalars())
+        for key, expected in self.uncertain.items():
+            if key in there:
+                self.committed[key] = expected
+            else:
+                self.rolled_back.add(key)
 
 
 #: When every stream session token expires (seconds into the run), in ``v2_stream`` mode.
 TOKEN_EXPIRIES = (5.0, 13.0, 21.0)
 
 
-@pytest.mark.parametrize("api", ["v1", "v2_stream"])
+#: Through the pooler: when it drops every connection, and for how long (seconds).
+POOLER_OUTAGE = (14.0, 1.0)
+
+
+@pytest.mark.parametrize(("api", "through_pooler"),
+                         [("v1", False), ("v2_stream", False), ("v1", True)],
+                         ids=["v1", "v2_stream", "v1-pgbouncer"])
 def test_chaos(pg_url: str, pg: Engine, fake_stripe: FakeStripe, tmp_path: Path,
-               api: str) -> None:
+               api: str, through_pooler: bool) -> None:
+    with ExitStack() as stack:
+        run_chaos(pg_url, pg, fake_stripe, tmp_path, api, stack if through_pooler else None)
+
+
+def run_chaos(pg_url: str, pg: Engine, fake_stripe: FakeStripe, tmp_path: Path, api: str,
+              pooler_stack: ExitStack | None) -> None:
     rng = random.Random(SEED)
     stream = api == "v2_stream"
+    bouncer = None
+    producers, database_url, extra = pg, pg_url, {}
+    if pooler_stack is not None:
+        bouncer = pooler_stack.enter_context(in_front_of(pg_url, pool_size=8))
+        database_url, extra = bouncer.url("tx"), {"DATABASE_DIRECT_URL": pg_url}
+        # The application's own engine on the pooler, as docs/deployment.md says to make it.
+        producers = make_engine(database_url, pool_size=5, max_overflow=5,
+                                connect_args={"prepare_threshold": None})
+        pooler_stack.callback(producers.dispose)
+    advisory_seen = 0
     for meter in METERS:
         fake_stripe.add_meter(meter)
     fake_stripe.set_latency(0.002)
@@ -249,7 +311,7 @@ def test_chaos(pg_url: str, pg: Engine, fake_stripe: FakeStripe, tmp_path: Path,
     fake_stripe.set_faults(error_5xx_rate=0.04, apply_before_5xx_rate=0.5,
                            drop_response_rate=0.04, rate_limit_rate=0.04, retry_after=0.2,
                            unavailable_rate=0.02)
-    env = worker_env(pg_url, fake_stripe.base_url, fake_stripe.meter_events_url,
+    env = worker_env(database_url, fake_stripe.base_url, fake_stripe.meter_events_url, **extra,
                      STRIPE_TIMEOUT_SECONDS=TIMEOUT,
                      OUTBOX_CLAIM_TIMEOUT_SECONDS=CLAIM_TIMEOUT, OUTBOX_BATCH_SIZE="40",
                      OUTBOX_CONCURRENCY="4", OUTBOX_POLL_INTERVAL_SECONDS="0.1",
@@ -258,8 +320,9 @@ def test_chaos(pg_url: str, pg: Engine, fake_stripe: FakeStripe, tmp_path: Path,
     shared = [(f"shared-{i}", rng.randrange(len(CUSTOMERS) * len(METERS)),
                rng.randint(1, 10**9), rng.randint(60, 86400)) for i in range(40)]
     stop = threading.Event()
-    enqueuers = [Enqueuer(f"e{i}", pg, random.Random(SEED + i + 1), TARGET // 2, shared, stop)
-                 for i in range(2)]
+    enqueuers = [Enqueuer(f"e{i}", producers, random.Random(SEED + i + 1), TARGET // 2, shared,
+                          stop) for i in range(2)]
+    pooler_down = False
     try:
         fleet.up(3)
         t0 = time.monotonic()
@@ -282,11 +345,23 @@ def test_chaos(pg_url: str, pg: Engine, fake_stripe: FakeStripe, tmp_path: Path,
                     break
             else:
                 fake_stripe.set_outage(False)
+            if bouncer is not None:
+                down = POOLER_OUTAGE[0] <= now - t0 < sum(POOLER_OUTAGE)
+                if down != pooler_down:
+                    bouncer.admin("KILL tx" if down else "RESUME tx")
+                    pooler_down = down
+                if not down:
+                    advisory_seen = max(advisory_seen, bouncer.advisory_locks(pg))
             time.sleep(0.05)
         stop.set()
         for e in enqueuers:
             e.join(timeout=10)
             assert e.error is None, repr(e.error)
+            e.settle_uncertain(pg)
+            if bouncer is None:
+                assert e.db_errors == 0, e.db_errors
+        if bouncer is not None and pooler_down:
+            bouncer.admin("RESUME tx")
         fake_stripe.set_outage(False)
         fake_stripe.set_faults()
 
@@ -309,6 +384,8 @@ def test_chaos(pg_url: str, pg: Engine, fake_stripe: FakeStripe, tmp_path: Path,
         except AssertionError:
             raise AssertionError(fleet.diagnose(pg)) from None
         assert all(p.poll() is None for p in fleet.procs), fleet.diagnose(pg)
+        if bouncer is not None:
+            advisory_seen = max(advisory_seen, bouncer.advisory_locks(pg))
         codes = fleet.terminate_all(timeout=15)
         assert codes == [0, 0, 0]
     finally:
@@ -349,5 +426,19 @@ def test_chaos(pg_url: str, pg: Engine, fake_stripe: FakeStripe, tmp_path: Path,
     else:
         assert fake_stripe.duplicate_identifier_rejections() > 0
     assert sum(e.duplicates for e in enqueuers) > 20
+    if bouncer is not None:
+        # Session state stayed off the pooler: no advisory lock on its server connections
+        # at any look, no statement prepared there, none of the errors crossed statements give.
+        assert advisory_seen == 0
+        assert bouncer.advisory_locks(pg) == 0
+        assert bouncer.prepared_per_server() == [0] * bouncer.pool_size
+        logs = [log.read_text() for log in tmp_path.glob("worker*.log")] + [bouncer.log()]
+        assert not [line for text_ in logs for line in text_.splitlines()
+                    if "prepared statement" in line]
+        # The outage happened: the pooler dropped the clients' connections (the workers' and
+        # the enqueuers' pooled ones), and everything above still held.
+        dropped = [line for line in bouncer.log().splitlines()
+                   if " C-0x" in line and "closing because: database removed" in line]
+        assert len(dropped) >= 3, bouncer.log()[-3000:]
     # Requests from several workers at once (v2 packs a pass's lanes into few requests).
     assert fake_stripe.max_in_flight() >= (2 if stream else 3)

@@ -11,13 +11,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
 
 import pytest
-from conftest import PG_URL, REQUIRE_POSTGRES, cli, start_worker, stop_process, wait_for, worker_env
+from conftest import cli, start_worker, stop_process, wait_for, worker_env
 from sqlalchemy import Engine, func, select, text
 from sqlalchemy.orm import Session
-from support.pgbouncer import PgBouncer, available
+from support.pgbouncer import PgBouncer, in_front_of
 
 from webapp.db import make_engine
 from webapp.models import OutboxEvent, utcnow
@@ -30,19 +29,8 @@ pytestmark = [pytest.mark.postgres]
 
 @pytest.fixture
 def bouncer(pg_url: str) -> Iterator[PgBouncer]:
-    reason = available()
-    if reason is not None:
-        if REQUIRE_POSTGRES:
-            pytest.fail(f"REQUIRE_POSTGRES=1 but {reason}")
-        pytest.skip(reason)
-    options = unquote(parse_qs(urlsplit(pg_url).query)["options"][0])
-    schema = options.split("search_path=", 1)[1]
-    database = urlsplit(PG_URL).path.lstrip("/")
-    pooler = PgBouncer(PG_URL, database, schema).start()
-    try:
+    with in_front_of(pg_url) as pooler:
         yield pooler
-    finally:
-        pooler.stop()
 
 
 @pytest.fixture
@@ -51,24 +39,6 @@ def pooled(bouncer: PgBouncer) -> Iterator[Engine]:
     engine = make_engine(bouncer.url("tx"), connect_args={"prepare_threshold": None})
     yield engine
     engine.dispose()
-
-
-def prepared_on_each_server(bouncer: PgBouncer) -> list[int]:
-    """Statements prepared on each of the pooler's server connections: as many transactions
-    held open at once as the pool has servers, so each reads a different one's."""
-    import psycopg
-
-    conninfo = f"host=127.0.0.1 port={bouncer.port} user=postgres dbname=tx"
-    held = [psycopg.connect(conninfo, prepare_threshold=None) for _ in range(bouncer.pool_size)]
-    try:
-        pids = {c.execute("SELECT pg_backend_pid()").fetchone()[0] for c in held}  # type: ignore[index]
-        assert len(pids) == bouncer.pool_size
-        return [c.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()[0]  # type: ignore[index]
-                for c in held]
-    finally:
-        for c in held:
-            c.rollback()  # a client leaving in a transaction would cost the pooler its server
-            c.close()
 
 
 def test_transaction_pooling_is_found_and_nothing_else(bouncer: PgBouncer, pg_url: str) -> None:
@@ -163,12 +133,9 @@ def test_drains_once_each_through_the_pooler_with_the_direct_url(
                                          .group_by(OutboxEvent.status)).all())
             assert statuses == {"sent": 41}
             # Nothing session-scoped stayed behind on the pooler's server connections.
-            pids = bouncer.server_pids()
-            assert pids, "the pooler holds no server connection"
-            left = conn.execute(text("SELECT count(*) FROM pg_locks WHERE locktype = "
-                                     "'advisory' AND pid = ANY(:p)"), {"p": list(pids)})
-            assert left.scalar_one() == 0
-        assert prepared_on_each_server(bouncer) == [0] * bouncer.pool_size
+            assert bouncer.server_pids(), "the pooler holds no server connection"
+        assert bouncer.advisory_locks(direct) == 0
+        assert bouncer.prepared_per_server() == [0] * bouncer.pool_size
         assert "prepared statement" not in bouncer.log()
         assert "prepared statement" not in done.stderr
     finally:
