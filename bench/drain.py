@@ -76,6 +76,8 @@ SEED_SIZE = BATCH   # the article's ``limit(size)``: candidates per select (see 
 PGQ_CONFIGS = ((5, 10), (5, BATCH))
 FLOOR_RATE = 20_000
 FLOOR_VS_PGQ = 2.0
+#: Through PgBouncer in transaction mode with the direct URL, against direct (issue 33).
+FLOOR_POOLED = 0.8
 
 CTX = mp.get_context("spawn")
 
@@ -156,20 +158,34 @@ def _notifying(engine: Any, url: str) -> Any:
 
 
 def _ours_child(url: str, batch: int, ready: Any, go: Any, out: Any,
-                notifying: bool = False) -> None:
+                notifying: bool = False, direct_url: str | None = None) -> None:
+    """One drainer. With ``direct_url``, ``url`` goes through a transaction pooler: the
+    engine and the lane locks are made as the worker command makes them then."""
     try:
         import threading
 
         from sqlalchemy import text
 
         from webapp.db import make_engine
+        from webapp.pooler import pooled_engine_options
         from webapp.worker import Drainer, freeze_startup_objects, run_drainer
 
         tag = f"bench-ours-{os.getpid()}"
-        engine = make_engine(url, connect_args={"application_name": tag})
+        settings = drain_settings(url, batch)
+        if direct_url is not None:
+            settings = settings.with_overrides(database_direct_url=direct_url)
+        options = pooled_engine_options(settings)
+        connect_args = {**options.pop("connect_args", {}), "application_name": tag}
+        engine = make_engine(url, connect_args=connect_args, **options)
+        lock_engine = (make_engine(direct_url, pool_size=1, max_overflow=0,
+                                   connect_args={"application_name": tag})
+                       if direct_url is not None else None)
         gateway = NoopGateway()
-        drainer = Drainer(engine, drain_settings(url, batch), gateway, check_meters=False)
-        watcher = make_engine(url, pool_size=1, connect_args={"application_name": "bench-watch"})
+        drainer = Drainer(engine, settings, gateway, check_meters=False,
+                          lock_engine=lock_engine)
+        watch_url = direct_url or url
+        watcher = make_engine(watch_url, pool_size=1,
+                              connect_args={"application_name": "bench-watch"})
         for e in (engine, watcher):
             with e.connect() as conn:  # connect before the clock starts
                 conn.execute(text("SELECT 1"))
@@ -204,6 +220,8 @@ def _ours_child(url: str, batch: int, ready: Any, go: Any, out: Any,
             raise BenchFailure("the drainer did not stop within 60 s of request_stop")
         watcher.dispose()
         engine.dispose()
+        if lock_engine is not None:
+            lock_engine.dispose()
         totals = drainer.totals
         out.put({"t_first": t_first, "t_last": t_last, "seen": gateway.seen,
                  "claimed": totals.claimed, "released": totals.released,
@@ -264,15 +282,42 @@ def _ours_notifying_child(url: str, batch: int, ready: Any, go: Any, out: Any) -
     _ours_child(url, batch, ready, go, out, notifying=True)
 
 
+def _ours_pooled_child(url: str, batch: int, direct_url: str, ready: Any, go: Any,
+                       out: Any) -> None:
+    _ours_child(url, batch, ready, go, out, direct_url=direct_url)
+
+
+#: Server connections of the transaction pooler for the pooled contender: what the drainer's
+#: own pool would open directly (its main loop, the batch claimed ahead, the recorder).
+POOLER_SIZE = 5
+
+
 def run_ours(db: BenchDatabase, template: str, keys: list[str], copies: int,
-             processes: int, batch: int = BATCH, notifying: bool = False) -> dict[str, Any]:
+             processes: int, batch: int = BATCH, notifying: bool = False,
+             pooled: bool = False) -> dict[str, Any]:
+    """``pooled``: through Debian's PgBouncer in transaction mode, the lane locks over the
+    direct URL (``DATABASE_DIRECT_URL``), as docs/deployment.md says to deploy."""
+    from urllib.parse import parse_qs, unquote, urlsplit
+
     from webapp.db import make_engine
 
     expected = copied_keys(keys, copies)
     label = f"ours, {processes} process{'es' if processes > 1 else ''}"
     with db.outbox_schema("drain", template, copies) as url:
-        results = _run_children(_ours_notifying_child if notifying else _ours_child,
-                                (url, batch), processes)
+        if pooled:
+            from tests.support.pgbouncer import PgBouncer
+
+            options = unquote(parse_qs(urlsplit(url).query)["options"][0])
+            schema = options.split("search_path=", 1)[1]
+            bouncer = PgBouncer(db.url, db.name, schema, pool_size=POOLER_SIZE).start()
+            try:
+                results = _run_children(_ours_pooled_child, (bouncer.url("tx"), batch, url),
+                                        processes)
+            finally:
+                bouncer.stop()
+        else:
+            results = _run_children(_ours_notifying_child if notifying else _ours_child,
+                                    (url, batch), processes)
         seen = [k for r in results for k in r["seen"]]
         check_exactly_once(label, seen, expected)
         engine = make_engine(url)
@@ -631,6 +676,7 @@ def run(db: BenchDatabase, *, events: int, runs: int, log: Any = print) -> Drain
         ("ours1_big", lambda: run_ours(db, template, keys, 1, 1, BIG_BATCH)),
         ("ours1_notify", lambda: run_ours(db, template, keys, 1, 1, notifying=True)),
         ("ours4", lambda: run_ours(db, template, keys, 1, 4)),
+        ("ours1_pooled", lambda: run_ours(db, template, keys, 1, 1, pooled=True)),
         ("seed", lambda: run_seed(db, template, keys[:max(1, events // SEED_FRACTION)])),
         ("minimal", lambda: run_minimal(db, template, keys, 1)),
     ]
@@ -657,6 +703,7 @@ def run(db: BenchDatabase, *, events: int, runs: int, log: Any = print) -> Drain
         res.fig("vs_minimal").add(r["ours1"]["rate"] / r["minimal"]["rate"])
         res.fig("released4").add(r["ours4"]["released"])
         res.fig("notify_cost").add(r["ours1"]["rate"] / r["ours1_notify"]["rate"] - 1)
+        res.fig("vs_pooled").add(r["ours1_pooled"]["rate"] / r["ours1"]["rate"])
     return res
 
 
@@ -682,6 +729,13 @@ def rows(res: DrainResults) -> list[Row]:
             f"cadence (per run: {', '.join(f'{v:+.1%}' for v in f('notify_cost').values)}; a "
             "1 s drain cannot resolve 1%: the floor is the look's own cost, in the dashboard "
             "section)"),
+        Row(s, "ours, 1 process through PgBouncer 1.18 in transaction mode, lane locks over "
+               "DATABASE_DIRECT_URL", f("ours1_pooled").fmt(0, " ev/s"), "", "",
+            cpu("ours1_pooled")),
+        Row(s, "ratio through PgBouncer / direct, 1 process (same run)",
+            f("vs_pooled").fmt(2, "×"), f"≥ {FLOOR_POOLED:g}×",
+            verdict(f("vs_pooled").median >= FLOOR_POOLED),
+            floor_name=f"drain core through PgBouncer ≥ {FLOOR_POOLED:g}× direct"),
         Row(s, "ours, 4 processes", f("ours4").fmt(0, " ev/s"), "", "",
             f"{cpu('ours4')}; events claimed then released because another process held "
             f"their lane: {f('released4').fmt(0)} per run"),

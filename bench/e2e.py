@@ -148,7 +148,7 @@ def fake_stripe(latency: float) -> Iterator[FakeStripeProcess]:
 
 def worker_env(url: str, api_base: str, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("OUTBOX_", "STRIPE_", "DATABASE_URL", "DRAINER_"))}
+           if not k.startswith(("OUTBOX_", "STRIPE_", "DATABASE_", "DRAINER_"))}
     env.update(DATABASE_URL=url, SECRET_KEY=secrets.token_urlsafe(48), STRIPE_API_KEY=TEST_API_KEY,
                STRIPE_API_BASE=api_base, PYTHONUNBUFFERED="1",
                # the drained: lines, read back for the releases
@@ -341,9 +341,49 @@ def run(db: BenchDatabase, *, events: int, runs: int, log: Any = print,
                 if c in r:
                     res.fig("fleet_ratio").add(got["rate"] / r[c]["rate"])
                 r["fleet"] = got
+            if fleet:
+                got = _pooled_run(db, template, fake, expected)
+                log(f"e2e run {i + 1}/{runs}: through PgBouncer at concurrency "
+                    f"{FLEET_CONCURRENCY}: {got['rate']:,.0f} events/s, {got['overlaps']} "
+                    "overlaps")
+                for key in ("rate", "overlaps", "cpu_per_1000"):
+                    res.fig(f"pooled_{key}").add(got[key])
+                if FLEET_CONCURRENCY in r:
+                    res.fig("pooled_ratio").add(got["rate"] / r[FLEET_CONCURRENCY]["rate"])
+                r["pooled"] = got
             r.update(_stream_runs(db, template, fake, expected, res, i, runs, log))
             res.raw.append({str(c): v for c, v in r.items()})
     return res
+
+
+#: PgBouncer's own default pool size, for the run through it.
+POOLER_SIZE = 20
+
+
+def _pooled_run(db: BenchDatabase, template: Any, fake: FakeStripeProcess,
+                expected: list[str]) -> dict[str, Any]:
+    """One worker at ``FLEET_CONCURRENCY`` with ``DATABASE_URL`` through Debian's PgBouncer
+    in transaction mode and the lane locks over ``DATABASE_DIRECT_URL``."""
+    from urllib.parse import parse_qs, unquote, urlsplit
+
+    from tests.support.pgbouncer import PgBouncer
+
+    with db.outbox_schema("e2e", template) as url:
+        options = unquote(parse_qs(urlsplit(url).query)["options"][0])
+        schema = options.split("search_path=", 1)[1]
+        bouncer = PgBouncer(db.url, db.name, schema, pool_size=POOLER_SIZE).start()
+        try:
+            env = worker_env(bouncer.url("tx"), fake.base_url, DATABASE_DIRECT_URL=url,
+                             OUTBOX_CONCURRENCY=str(FLEET_CONCURRENCY),
+                             OUTBOX_BATCH_SIZE=str(BATCH),
+                             STRIPE_MAX_REQUESTS_PER_SECOND=str(MAX_RPS))
+            got = drain_with_worker(url, fake, expected, env=env, label="e2e-pooled")
+            if "prepared statement" in bouncer.log():
+                raise BenchFailure("e2e through PgBouncer: the pooler logged a prepared "
+                                   "statement error")
+            return got
+        finally:
+            bouncer.stop()
 
 
 def _stream_runs(db: BenchDatabase, template: Any, fake: FakeStripeProcess,
@@ -412,6 +452,21 @@ def rows(res: E2EResults, concurrencies: Sequence[int] = CONCURRENCIES) -> list[
             out.append(Row(s, f"ratio {FLEET_PROCESSES} workers / 1 worker at "
                               f"OUTBOX_CONCURRENCY={fc} (same run)",
                            f("fleet_ratio").fmt(2, "×"), "", ""))
+    if res.fig("pooled_rate").values:
+        fc = FLEET_CONCURRENCY
+        out.append(Row(
+            s, f"1 worker through PgBouncer 1.18 in transaction mode (pool {POOLER_SIZE}), "
+               f"lane locks over DATABASE_DIRECT_URL, OUTBOX_CONCURRENCY={fc} "
+               f"({res.events:,} events)",
+            f("pooled_rate").fmt(0, " ev/s"), "0 overlaps",
+            verdict(f("pooled_overlaps").hi == 0),
+            f"lane overlaps {f('pooled_overlaps').fmt(0)}; worker CPU "
+            f"{f('pooled_cpu_per_1000').fmt(2, ' s')} per 1,000 events"))
+        if res.fig("pooled_ratio").values:
+            out.append(Row(s, f"ratio through PgBouncer / direct, 1 worker at "
+                              f"OUTBOX_CONCURRENCY={fc} (same run; per run: "
+                              f"{', '.join(f'{v:.2f}' for v in f('pooled_ratio').values)})",
+                           f("pooled_ratio").fmt(2, "×"), "", ""))
     out += _stream_rows(res)
     out.append(Row(s, f"per worker, best setting (OUTBOX_CONCURRENCY={best}); lane overlaps "
                       "summed over every run", f"{f(f'rate_{best}').median:,.0f} ev/s; "
