@@ -11,7 +11,7 @@ DEV_STAMP := $(VENV)/.dev-$(shell cat requirements-dev.lock pyproject.toml | sha
 COMPILE   := $(BIN)/pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras \
              --no-emit-index-url --no-emit-find-links
 
-.PHONY: run test lint bench install lock lock-check clean
+.PHONY: run test image-test lint bench install lock lock-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,17 +33,18 @@ run: $(RUN_STAMP)
 	@HOST=$(HOST) PORT=$(PORT) $(BIN)/python -m webapp.first_run
 	$(BIN)/billing-outbox serve --host $(HOST) --port $(PORT)
 
-# Both lock files from pyproject.toml; the tools' lock keeps the runtime's pins. An existing
+# Both lock files from pyproject.toml; the tools' lock keeps the runtime's pins. The runtime's
+# also pins what builds the package's wheel (setuptools, wheel), for the image. An existing
 # pin stays until `make lock UPGRADE=1` (pip-compile --upgrade).
 lock: $(DEV_STAMP)
-	$(COMPILE) $(if $(UPGRADE),--upgrade) -o requirements.lock pyproject.toml
+	$(COMPILE) $(if $(UPGRADE),--upgrade) --build-deps-for wheel -o requirements.lock pyproject.toml
 	$(COMPILE) $(if $(UPGRADE),--upgrade) --extra dev --extra bench -c requirements.lock \
 	    -o requirements-dev.lock pyproject.toml
 
 # CI: the lock files are what `make lock` writes from pyproject.toml today.
 lock-check: $(DEV_STAMP)
 	@tmp=$$(mktemp -d) && cp requirements.lock requirements-dev.lock $$tmp/ \
-	 && $(COMPILE) -o $$tmp/requirements.lock pyproject.toml \
+	 && $(COMPILE) --build-deps-for wheel -o $$tmp/requirements.lock pyproject.toml \
 	 && $(COMPILE) --extra dev --extra bench -c $$tmp/requirements.lock \
 	      -o $$tmp/requirements-dev.lock pyproject.toml \
 	 && sed -i "s#$$tmp/##g" $$tmp/requirements.lock $$tmp/requirements-dev.lock \
@@ -56,7 +57,13 @@ lock-check: $(DEV_STAMP)
 TEST_WORKERS ?= 2
 
 test: $(DEV_STAMP)
-	$(BIN)/python -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile \
+	    --ignore=tests/image $(PYTEST_ARGS)
+
+# The container image built with podman on a debootstrapped Debian base, then run (needs root,
+# podman, runc and debootstrap; .ci/run installs them and calls this after `make test`).
+image-test: $(DEV_STAMP)
+	$(BIN)/python -m pytest -p no:cacheprovider tests/image $(PYTEST_ARGS)
 
 lint: $(DEV_STAMP)
 	$(BIN)/ruff check webapp tests bench

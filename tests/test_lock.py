@@ -117,3 +117,68 @@ def test_fresh_venv_installs_from_the_lock(tmp_path: Path) -> None:
                  for line in got.splitlines() if "==" in line}
     for package, (version, _) in read_lock("requirements.lock").items():
         assert installed.get(package) == version, (package, version, installed.get(package))
+
+    # The package itself as the image installs it: a wheel, not editable, used from outside
+    # the checkout. Its templates, static files and migrations travel inside it.
+    wheels = tmp_path / "wheels"
+    # Built by the lock's own setuptools and wheel, as the Dockerfile builds it.
+    built = subprocess.run([py, "-m", "pip", "wheel", "--quiet", "--no-deps",
+                            "--no-build-isolation", "-w", str(wheels), str(ROOT)],
+                           capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr[-3000:]
+    [wheel] = wheels.glob("billing_outbox-*.whl")
+    done = subprocess.run([py, "-m", "pip", "install", "--quiet", "--no-deps", str(wheel)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path),
+           "DATABASE_URL": f"sqlite:///{tmp_path / 'outbox.sqlite3'}",
+           "SECRET_KEY": "Gm2v9QkTz4-rWb7pXe1LhN0sYc8uJd3fA6oKi5qHt_E"}
+    upgrade = subprocess.run([str(venv / "bin" / "billing-outbox"), "db", "upgrade"], env=env,
+                             cwd=elsewhere, capture_output=True, text=True)
+    assert upgrade.returncode == 0, upgrade.stderr[-3000:]
+    served = subprocess.run([py, "-c", SERVES_FROM_THE_WHEEL], env=env, cwd=elsewhere,
+                            capture_output=True, text=True)
+    assert served.returncode == 0, served.stderr[-3000:]
+    assert served.stdout.split() == ["site-packages", "200", "200", "200"], served.stdout
+
+
+#: Run by the fresh venv's Python: the app from the installed wheel answers a page (a
+#: template) and two static files, and the package is the site-packages copy.
+SERVES_FROM_THE_WHEEL = """
+import webapp
+from webapp.app import TEMPLATES, create_app
+assert TEMPLATES.startswith(webapp.__path__[0]), TEMPLATES
+print("site-packages" if "site-packages" in webapp.__file__ else webapp.__file__)
+client = create_app().test_client()
+for path in ("/login", "/static/app.css", "/static/htmx-2.0.11.min.js"):
+    print(client.get(path).status_code)
+"""
+
+
+def test_every_package_and_template_folder_is_listed() -> None:
+    """pyproject.toml names the packages one by one (the templates and static files are
+    packages of their own there): a new folder under webapp/ or templates/ must be added."""
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())
+                 ["tool"]["setuptools"]["packages"])
+    on_disk = {".".join(p.relative_to(ROOT).parts) for p in (ROOT / "webapp").rglob("*")
+               if p.is_dir() and p.name != "__pycache__" and any(p.glob("*.py"))}
+    on_disk |= {"webapp", "webapp.static", "webapp.templates"}
+    on_disk |= {f"webapp.templates.{p.name}" for p in (ROOT / "templates").iterdir()
+                if p.is_dir()}
+    assert listed == on_disk
+
+
+def test_the_dockerfile_installs_the_lock_on_a_pinned_base() -> None:
+    """The contract's image: ``ARG BASE=python:3.11-slim@sha256:…`` then ``FROM ${BASE}``;
+    the lock with ``--require-hashes`` into a venv of its own; the package as a wheel."""
+    text = (ROOT / "Dockerfile").read_text()
+    instructions = [line for line in text.splitlines() if line and not line.startswith("#")]
+    assert re.fullmatch(r"ARG BASE=python:3\.11-slim@sha256:[0-9a-f]{64}", instructions[0])
+    assert instructions[1] == "FROM ${BASE}"
+    assert "python3.11 -m venv" in text
+    assert "pip install --require-hashes -r /build/requirements.lock" in text
+    assert "pip install --no-deps /tmp/wheel/billing_outbox-" in text
+    assert " -e " not in text and "--editable" not in text
+    assert "USER 10001:10001" in text

@@ -18,9 +18,18 @@ from .env_values import secret_key_problem
 from .logging_setup import Redactor, configure_logging, install_redaction
 from .services import EXTENSION, Services, services_of
 
-TEMPLATES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                         "templates")
-STATIC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "static")
+
+def _beside_package(name: str) -> str:
+    """``templates`` or ``static``: inside the installed package (a wheel carries them as
+    ``webapp/templates`` and ``webapp/static``), else beside it in the checkout."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    installed = os.path.join(package, name)
+    return installed if os.path.isdir(installed) else os.path.join(os.path.dirname(package),
+                                                                    name)
+
+
+TEMPLATES = _beside_package("templates")
+STATIC = _beside_package("static")
 
 
 def create_app(test_config: Mapping[str, Any] | None = None, *,
