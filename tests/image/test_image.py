@@ -12,7 +12,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -24,6 +23,7 @@ from typing import Any
 
 import pytest
 from conftest import PG_URL, REQUIRE_POSTGRES, ROOT, wait_for
+from support.processes import free_port
 
 pytestmark = [pytest.mark.slow]
 
@@ -45,12 +45,6 @@ def podman(*args: str, timeout: float = 600, check: bool = True
     if check and done.returncode != 0:
         raise AssertionError(f"podman {' '.join(args[:3])}…: {done.stderr[-3000:]}")
     return done
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def get(url: str) -> tuple[int, str]:

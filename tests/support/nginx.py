@@ -5,12 +5,12 @@ certificate paths put in, and a self-signed certificate made by ``openssl``."""
 from __future__ import annotations
 
 import shutil
-import socket
 import ssl
 import subprocess
 import tempfile
-import time
 from pathlib import Path
+
+from .processes import free_port, terminate, wait_listening
 
 BINARY = "/usr/sbin/nginx"
 HOST = "billing.example.com"
@@ -24,12 +24,6 @@ def available() -> str | None:
     if not shutil.which("openssl"):
         return "openssl is not installed"
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def rendered(example: str, *, app_port: int, http_port: int, tls_port: int, cert: Path,
@@ -98,27 +92,13 @@ http {{
         assert check.returncode == 0, check.stderr
         self.proc = subprocess.Popen([BINARY, "-p", str(w), "-c", str(w / "nginx.conf")],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"nginx exited: {self.log()[-2000:]}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.tls_port), timeout=0.5):
-                    return self
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError("nginx did not listen within 15 s")
+        wait_listening(self.proc, self.tls_port, "nginx", self.log)
+        return self
 
     def log(self) -> str:
         path = self.workdir / "error.log"
         return path.read_text() if path.exists() else ""
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
+        terminate(self.proc)
         shutil.rmtree(self.workdir, ignore_errors=True)

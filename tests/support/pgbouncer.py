@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
+
+from .processes import free_port, terminate, wait_listening
 
 BINARY = "/usr/sbin/pgbouncer"
 
@@ -22,12 +22,6 @@ def available() -> str | None:
     """None when PgBouncer is installed, else why not."""
     return None if Path(BINARY).exists() or shutil.which("pgbouncer") else (
         "PgBouncer is not installed (apt-get install pgbouncer; .ci/run installs it)")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class PgBouncer:
@@ -40,7 +34,7 @@ class PgBouncer:
         self.workdir = Path(tempfile.mkdtemp(prefix="pgbouncer-"))
         self.workdir.chmod(0o777)
         self.schema = schema
-        self.port = _free_port()
+        self.port = free_port()
         self.server = (parts.hostname or "127.0.0.1", parts.port or 5432,
                        parts.username or "postgres")
         self.database = database
@@ -80,16 +74,8 @@ pidfile = {self.workdir / 'pgbouncer.pid'}
         as_user = ["-u", "postgres"] if os.geteuid() == 0 else []
         self.proc = subprocess.Popen([BINARY, *as_user, str(ini)], stdout=subprocess.DEVNULL,
                                      stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"pgbouncer exited: {self.log()[-2000:]}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    return self
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError("pgbouncer did not listen within 15 s")
+        wait_listening(self.proc, self.port, "pgbouncer", self.log)
+        return self
 
     def server_pids(self) -> set[int]:
         """The PostgreSQL process of each server connection the pooler holds (``SHOW SERVERS``
@@ -148,13 +134,7 @@ pidfile = {self.workdir / 'pgbouncer.pid'}
         return path.read_text() if path.exists() else ""
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
+        terminate(self.proc)
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
