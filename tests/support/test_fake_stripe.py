@@ -115,6 +115,7 @@ def test_accepts_event_and_records_it(fake: FakeStripe, client: Any) -> None:
             timestamp=int(NOW) - 60,
             received_at=NOW,
             payload={"stripe_customer_id": "cus_A", "value": "42"},
+            named="evt-1",          # what a sample reporting it would name
         )
     }
     assert fake.accept_count() == 1

@@ -1,10 +1,12 @@
 """A loopback HTTP fake of Stripe's billing API, standard library only: meter events (v1, and
 v2 meter event streams with their sessions: ``stream.py``), meters, meter event summaries and
 adjustments, customers (``customers``: listed with their metadata, for the tenant sync),
-subscriptions with metered items and their billing periods, and the invoices Stripe drafts at a
-period's end and finalizes after a grace period (``subscriptions``), and the v2 events that
-report errors found after a 200 or an invoice drafted or finalized (listed, read in full, or
-pushed signed to an event destination).
+subscriptions with metered items, their billing periods, trials, pauses and cancellations, and
+the invoices Stripe makes of them: the first one at creation, a draft at a period's end
+finalized after a grace period, a final one at a cancellation; paid, voided, marked
+uncollectible, failing to finalize or deleted by hand (``subscriptions``), and the v2 events
+that report errors found after a 200 or an invoice's or a subscription's change (listed, read
+in full, or pushed signed to an event destination).
 
 The real ``stripe`` SDK is pointed at it (``base_addresses={"api": fake.base_url, ...}``) and
 sees what it would see from Stripe (Stripe's documented behaviour, summarized in
@@ -30,9 +32,11 @@ sees what it would see from Stripe (Stripe's documented behaviour, summarized in
   check but the request's shape made after the 200 and reported like v1's later checks.
 * Adjustments (``type=cancel``) answered ``pending`` without an ``id``, as Stripe documents the
   v1 object, unless a test asks otherwise (:meth:`FakeStripe.answer_adjustments`).
-* Subscriptions and invoices (``subscriptions.py``): periods roll and drafts finalize on the
-  injected clock, lazily: :meth:`FakeStripe.tick` does what is due, and every request calls it
-  before anything else (so an event received after a finalization moment is on no invoice).
+* Subscriptions and invoices (``subscriptions.py``): periods roll, trials end and drafts
+  finalize on the injected clock, lazily: :meth:`FakeStripe.tick` does what is due, and every
+  request calls it before anything else (so an event received after a finalization moment is
+  on no invoice); an aggregation lag (:meth:`FakeStripe.set_aggregation_lag`) makes an event
+  received just before a finalization miss it, as Stripe's asynchronous aggregation can.
 * Observation: accepted events (v1's and the streams'), adjustments made with the answer each
   got, call counts, and the number of times a call for a (customer, event_name) lane started
   while another call of that lane was still in flight; Stripe allows one concurrent call per
@@ -54,10 +58,13 @@ identifier dedupe lasts ``dedupe_seconds`` (None: for ever).
 Run as a process (``python -m tests.support.fake_stripe --port 12111``) it prints
 ``READY http://127.0.0.1:PORT`` and serves until SIGTERM; the ``/_fake/`` control endpoints
 (``GET state``, ``invoices``, ``subscriptions``; ``POST faults``, ``fail_next``, ``latency``,
-``reset``, ``meters``, ``auth_failure``, ``stripe_customers``, ``forget``, ``subscriptions``,
-``tick``, ``finalize_invoice``, ``pay_invoice``, ``void_invoice``, ``cancel_subscription``,
-``list_latency``, each taking a JSON object) let another process drive it. They need no auth,
-are served in-process too, and are not counted as calls.
+``reset``, ``meters``, ``auth_failure``, ``stripe_customers``, ``forget``, ``subscriptions``
+(with ``trial_seconds`` and ``first_invoice``), ``tick``, ``finalize_invoice``, ``pay_invoice``,
+``void_invoice``, ``mark_uncollectible``, ``fail_finalization``, ``delete_draft``,
+``pause_subscription``, ``resume_subscription``, ``cancel_subscription`` (with
+``invoice_now``), ``list_latency``, ``aggregation_lag``, ``pushed_types``, each taking a JSON
+object) let another process drive it. They need no auth, are served in-process too, and are
+not counted as calls.
 
 A call counts as in flight for its lane from right after its body is parsed until just before
 its response is written; the latency and ``slow`` sleeps happen while in flight.
@@ -402,8 +409,8 @@ class FakeStripe(FaultsMixin, MeterEventsMixin, StreamMixin, BillingMixin, Custo
     def reset(self) -> None:
         """Back to the as-constructed state: events, counters, idempotency records, log, faults,
         auth failure, latency, meters, subscriptions, invoices, the grace period, the list
-        latency and the RNG seed. The listener and an outage are left as
-        they are; calls in flight finish normally."""
+        latency, the aggregation lag (0), the pushed event types and the RNG seed. The listener
+        and an outage are left as they are; calls in flight finish normally."""
         with self._lock:
             self._meters = {}
             self._customers = (None if self._initial_customers is None
@@ -586,19 +593,36 @@ class FakeStripe(FaultsMixin, MeterEventsMixin, StreamMixin, BillingMixin, Custo
                     str(args["customer"]), str(args["event_name"]), str(args["day"]),
                     keep=int(args.get("keep", 0)))}))
             elif name == "delete_customer":
-                self.delete_customer(str(args["id"]))
+                return Response(200, to_json({"event": self.delete_customer(
+                    str(args["id"]), at=None if args.get("at") is None else float(args["at"]))}))
             elif name == "subscriptions":
                 return self._control_subscriptions(args)
             elif name == "tick":
                 self.tick()  # (the request already did what was due, as every request does)
-            elif name in ("finalize_invoice", "pay_invoice", "void_invoice"):
+            elif name in ("finalize_invoice", "pay_invoice", "void_invoice",
+                          "mark_uncollectible", "fail_finalization"):
                 act = {"finalize_invoice": self.finalize_invoice, "pay_invoice": self.pay_invoice,
-                       "void_invoice": self.void_invoice}[name]
+                       "void_invoice": self.void_invoice,
+                       "mark_uncollectible": self.mark_uncollectible,
+                       "fail_finalization": self.fail_finalization}[name]
                 return Response(200, to_json({"invoice": act(str(args["id"]))}))
+            elif name == "delete_draft":
+                return Response(200, to_json(self.delete_draft(str(args["id"]))))
+            elif name in ("pause_subscription", "resume_subscription"):
+                change = (self.pause_subscription if name == "pause_subscription"
+                          else self.resume_subscription)
+                return Response(200, to_json({"subscription": change(str(args["id"]))}))
             elif name == "cancel_subscription":
-                self.cancel_subscription(str(args["id"]))
+                final = self.cancel_subscription(str(args["id"]),
+                                                 invoice_now=bool(args.get("invoice_now", False)))
+                return Response(200, to_json({"ok": True, "invoice": final}))
             elif name == "list_latency":
                 self.set_list_latency(float(args["seconds"]))
+            elif name == "aggregation_lag":
+                self.set_aggregation_lag(float(args["seconds"]))
+            elif name == "pushed_types":
+                types = args.get("types")
+                self.set_pushed_types(None if types is None else [str(t) for t in types])
             else:
                 return error(404, "invalid_request_error", f"No control endpoint POST {name}.")
         except (TypeError, ValueError, KeyError) as exc:
@@ -608,14 +632,17 @@ class FakeStripe(FaultsMixin, MeterEventsMixin, StreamMixin, BillingMixin, Custo
     def _control_subscriptions(self, args: dict[str, Any]) -> Response:
         """``POST /_fake/subscriptions``: ``customer`` (answers ``{"id"}``) or ``customers``
         (``{"ids"}``), ``meters``, ``period_start``, ``period_seconds``, ``grace_seconds``,
-        ``licensed``, ``status``."""
+        ``licensed``, ``status``, ``trial_seconds``, ``first_invoice``."""
         seconds, grace = args.get("period_seconds"), args.get("grace_seconds")
+        trial = args.get("trial_seconds")
         options: dict[str, Any] = {
             "period_start": int(args["period_start"]),
             "period_seconds": None if seconds is None else int(seconds),
             "grace_seconds": None if grace is None else int(grace),
             "licensed": bool(args.get("licensed", False)),
-            "status": str(args.get("status", "active"))}
+            "status": str(args.get("status", "active")),
+            "trial_seconds": None if trial is None else int(trial),
+            "first_invoice": bool(args.get("first_invoice", False))}
         meters = [str(m) for m in args.get("meters", ["api_requests"])]
         if "customers" in args:
             ids = self.create_subscriptions([str(c) for c in args["customers"]], meters,

@@ -23,6 +23,7 @@ METER_EVENTS_PATH = "/v1/billing/meter_events"
 ADJUSTMENTS_PATH = "/v1/billing/meter_event_adjustments"
 METERS_PATH = "/v1/billing/meters"
 EVENTS_PATH = "/v2/core/events"
+V1_EVENTS_PATH = "/v1/events"
 CUSTOMERS_PATH = "/v1/customers"
 SUBSCRIPTIONS_PATH = "/v1/subscriptions"
 SUBSCRIPTION_ITEMS_PATH = "/v1/subscription_items"
@@ -202,8 +203,9 @@ class Handler(BaseHTTPRequestHandler):
             fake._track(self.connection, busy=False)
 
     def do_GET(self) -> None:  # noqa: N802 - stdlib naming
-        """Route GETs: meters, their summaries, v2 events, customers, subscriptions and their
-        items, invoices and their lines, the control endpoints. What is due is done first."""
+        """Route GETs: meters, their summaries, v2 events, v1 events (customers deleted),
+        customers, subscriptions and their items, invoices and their lines, the control
+        endpoints. What is due is done first."""
         parts = urlsplit(self.path)
         path, query = parts.path, parts.query
         if self._read_body() is None:
@@ -224,6 +226,8 @@ class Handler(BaseHTTPRequestHandler):
             self.send(fake._authorized(self, lambda: fake._serve_summaries(meter_id, query)))
         elif path == EVENTS_PATH:
             self.send(fake._authorized(self, lambda: fake._serve_event_list(query)))
+        elif path == V1_EVENTS_PATH:
+            self.send(fake._authorized(self, lambda: fake._serve_v1_event_list(query)))
         elif path == CUSTOMERS_PATH:
             self.send(fake._authorized(self, lambda: fake._serve_customer_list(query)))
         elif path.startswith(CUSTOMERS_PATH + "/") and path.count("/") == 3:

@@ -53,6 +53,8 @@ class AcceptedEvent:
     #: True once a test made Stripe lose it (:meth:`BillingMixin.forget`): summaries leave it
     #: out, its identifier stays taken.
     lost: bool = False
+    #: What a sample reporting it names (its identifier, or its stream request's key).
+    named: str | None = None
 
 
 @dataclass
@@ -104,7 +106,7 @@ class MeterEventsMixin:
     _valid_key_prefixes: tuple[str, ...]
     _meters: dict[str, FakeMeter]
     _customers: set[str] | None
-    _customer_state_locked: Callable[[str], str]
+    _customer_state_locked: Callable[..., str]
     #: Whether a ``meter_event_customer_not_found`` error's message names the customer
     #: (Stripe's wording is not documented: tests try both).
     customer_error_names_customer: bool = True
@@ -457,17 +459,39 @@ class MeterEventsMixin:
         """Count an accepted event (lock held): its asynchronous error if Stripe finds one
         after the 200 (its sample naming ``sample_names``, else the event's identifier), and
         a second acceptance once its dedupe window had passed."""
+        accepted.named = sample_names or accepted.identifier
         if problem is not None:
             accepted.valid = False
             self._pending_errors.append(AsyncError(accepted.event_name, problem[0], problem[1],
-                                                   sample_names or accepted.identifier,
-                                                   accepted.received_at))
+                                                   accepted.named, accepted.received_at))
         if again:
             self._also_accepted.append(accepted)
         else:
             self._accepted[accepted.identifier] = accepted
         self._by_pair[(accepted.event_name, accepted.customer)].append(accepted)
         self._accept_count += 1
+
+    def _refuse_received_since_locked(self, customer: str, since: float) -> int:
+        """A customer deleted at ``since``, a time already past (lock held): the valid events
+        of it received since then are refused as if checked at their receipt (each
+        ``meter_event_customer_not_found``, reported with the next flush). How many."""
+        refused = 0
+        for (_, of), events in self._by_pair.items():
+            if of != customer:
+                continue
+            for ev in events:
+                if isinstance(ev, AcceptedEvent) and ev.valid and ev.received_at >= since:
+                    ev.valid = False
+                    refused += 1
+                    self._pending_errors.append(AsyncError(
+                        ev.event_name, "meter_event_customer_not_found",
+                        self._not_found_message(customer), ev.named or ev.identifier,
+                        ev.received_at))
+        return refused
+
+    def _not_found_message(self, customer: str) -> str:
+        return (f"No such customer: '{customer}'." if self.customer_error_names_customer
+                else "The customer of the event was not found.")
 
     def _later_check(self, meter: FakeMeter, customer: str, value: str
                      ) -> tuple[str, str] | None:
@@ -480,10 +504,8 @@ class MeterEventsMixin:
         if not value:
             return ("meter_event_invalid_value",
                     f"The event has no value in payload key '{meter.value_key}'.")
-        if self._customer_state_locked(customer) != "active":
-            return ("meter_event_customer_not_found",
-                    f"No such customer: '{customer}'." if self.customer_error_names_customer
-                    else "The customer of the event was not found.")
+        if self._customer_state_locked(customer) != "active":  # as it is now, at receipt
+            return ("meter_event_customer_not_found", self._not_found_message(customer))
         return None
 
     def _auth_error(self, status: int, api_key: str) -> Response:
