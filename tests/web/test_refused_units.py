@@ -1,11 +1,13 @@
 """Every refused unit found: Stripe counts every event it refused and samples three. For a
-customer Stripe does not have (or has deleted), every event sent to it in the report's window
-was refused: asked about the customers, the outbox rejects each of them, never more than
-Stripe counted, and none of a customer Stripe has. Through the real SDK against the fake, on
-SQLite and PostgreSQL."""
+customer Stripe does not have, every event sent to it in the report's window was refused; for
+one it has deleted, every event sent after the deletion: asked about the customers, the
+outbox rejects each of them, never more than Stripe counted, and none of a customer Stripe
+has. Through the real SDK against the fake, on SQLite and PostgreSQL (more in
+``tests/worker/test_refusals_by_asking.py``)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -19,7 +21,7 @@ from support.loop import drain_all, poll_reports
 
 from webapp.config import Settings
 from webapp.models import OutboxEvent, StripeErrorSample, utcnow
-from webapp.outbox import enqueue_usage, operations
+from webapp.outbox import enqueue_usage, operations, refused
 from webapp.worker import Drainer, gateway_from
 
 T = OutboxEvent.__table__
@@ -56,6 +58,15 @@ def enqueue(engine: Engine, tenant: str, n: int, prefix: str) -> list[int]:
 
 
 
+def past_the_deletion(fake: FakeStripe, customer: str) -> None:
+    """Wait until an event sent now is after the customer's deletion for the outbox: Stripe's
+    deletion time is whole seconds, and the seconds around it are left alone
+    (``refused.AFTER_DELETION``)."""
+    [created] = [e["created"] for e in fake.deleted_customer_events()
+                 if e["data"]["object"]["id"] == customer]
+    time.sleep(max(0.0, created + refused.AFTER_DELETION.total_seconds() + 0.05 - time.time()))
+
+
 def statuses(engine: Engine, ids: list[int]) -> dict[str, int]:
     with engine.connect() as conn:
         rows = conn.execute(select(T.c.status, T.c.reject_found_by).where(T.c.id.in_(ids)))
@@ -78,6 +89,7 @@ def test_a_customer_deleted_after_mapping_has_every_refused_event_rejected(
         conn.execute(update(T).where(T.c.id.in_(before))
                      .values(sent_at=utcnow() - timedelta(hours=3)))
     fake.delete_customer("cus_gone")
+    past_the_deletion(fake, "cus_gone")
     gone = enqueue(engine, "gone", 50, "gone")
     keep = enqueue(engine, "keep", 10, "keep")
     drain_all(drainer)
@@ -111,18 +123,25 @@ def test_a_customer_deleted_after_mapping_has_every_refused_event_rejected(
 def test_nothing_is_marked_by_asking_beyond_what_stripe_counted(
         engine: Engine, fake: FakeStripe, settings: Settings, drainer: Drainer,
         client_as: Any) -> None:
-    """Asking finds more events sent to the missing customer in the window than the report
-    counts (some were billed before it was deleted): none is marked by asking."""
+    """Asking finds more events sent to the deleted customer after its deletion in a report's
+    window than the report counts (its window reaches into the next report's events): none
+    is marked by asking. Those billed before the deletion are never counted in."""
     operations.set_tenant(engine, "gone", stripe_customer_id="cus_gone", name=None,
                           now=utcnow())
     billed = enqueue(engine, "gone", 6, "billed")
     drain_all(drainer)
     fake.delete_customer("cus_gone")
-    refused = enqueue(engine, "gone", 5, "refused")
+    past_the_deletion(fake, "cus_gone")
+    first = enqueue(engine, "gone", 5, "refused")
     drain_all(drainer)
-    fake.flush_reports()          # counts 5, samples 3; the window holds all 11
-    assert poll_reports(engine, settings).rejected == 3
-    assert statuses(engine, refused) == {"rejected:sample": 3, "sent": 2}
+    fake.flush_reports()          # counts 5, samples 3
+    then = enqueue(engine, "gone", 4, "then")
+    drain_all(drainer)
+    fake.flush_reports()          # counts 4, samples 3; both windows hold all 9
+    assert poll_reports(engine, settings).rejected == 6
+    assert statuses(engine, first) == {"rejected:sample": 3, "sent": 2}
+    assert statuses(engine, then) == {"rejected:sample": 3, "sent": 1}
     assert statuses(engine, billed) == {"sent": 6}
     page = client_as("viewer").get("/stripe").get_data(as_text=True)
     assert 'data-k="unfound"><strong>2</strong>' in page   # "N refused, M found" stays
+    assert 'data-k="unfound"><strong>1</strong>' in page

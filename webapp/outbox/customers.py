@@ -8,7 +8,9 @@ that every process asks Stripe about one customer at most once per
 
 Stripe's answers (``GET /v1/customers/{id}``, docs.stripe.com/api/customers/retrieve): the
 customer; for a deleted one a stub ``{"id", "object": "customer", "deleted": true}``; for an id
-it does not have, a 404 with code ``resource_missing``.
+it does not have, a 404 with code ``resource_missing``. The stub carries no deletion time: that
+is the ``created`` of Stripe's v1 event ``customer.deleted`` (``GET /v1/events``, kept 30
+days), read when an error report needs it (:attr:`CustomerCheck.deleted_at`) and never kept.
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ class CustomerCheck:
     name: str | None = None
     request_id: str | None = None
     checked_at: datetime | None = None
+    #: For a ``deleted`` customer, when Stripe deleted it (its ``customer.deleted`` event's
+    #: ``created``), when that could be had; None otherwise. Not kept with the answer.
+    deleted_at: datetime | None = None
 
     @property
     def exists(self) -> bool:
@@ -120,7 +125,8 @@ class CustomerVerdicts:
 
 def checks_since(conn: Connection, customer_ids: Iterable[str],
                  since: datetime) -> dict[str, CustomerCheck]:
-    """The kept answers about these customers given at or after ``since``, by id."""
+    """The kept answers about these customers given at or after ``since``, by id (without
+    a deletion time: it is not kept)."""
     wanted = sorted(set(customer_ids))
     out: dict[str, CustomerCheck] = {}
     for i in range(0, len(wanted), 500):

@@ -109,16 +109,24 @@ def _fitted(report: StripeReport) -> StripeReport:
                    body=fit(STRIPE_EVENTS.c.body, report.body), samples=samples)
 
 
-def customers_to_ask(conn: Connection, reports: Sequence[StripeReport]) -> set[str]:
-    """The customers Stripe should be asked about before these reports are applied: those of
-    the events carried by the stream requests that ``meter_event_customer_not_found`` samples
-    name (of the report's meter), at most ``MAX_CUSTOMERS_PER_REPORT`` per report; and, for a
-    report that counts more such errors than it samples, those the meter's events went to in
-    its window (:mod:`.refused`). A read."""
-    out: set[str] = set()
+def customers_to_ask(conn: Connection, reports: Sequence[StripeReport]
+                     ) -> dict[str, datetime | None]:
+    """The customers to ask Stripe about before these reports are applied, each with the time
+    before which a kept answer is stale (None: any kept within the refresh): those of the
+    stream requests ``meter_event_customer_not_found`` samples name (of the report's meter),
+    at most ``MAX_CUSTOMERS_PER_REPORT`` per report; and, for a report counting more such
+    errors than it samples, those its meter's events went to in its window, kept answers
+    from before Stripe validated them stale (:func:`.refused.fresh_after`). A read."""
+    out: dict[str, datetime | None] = {}
+
+    def want(customers: set[str], fresh: datetime | None) -> None:
+        for c in customers:
+            kept = out.get(c)
+            out[c] = fresh if kept is None else kept if fresh is None else max(kept, fresh)
+
     for report in reports:
         meter = _meter_names(conn, [report.meter_id]).get(report.meter_id or "")
-        out |= refused.customers_sent_to(conn, report, meter)
+        want(refused.customers_sent_to(conn, report, meter), refused.fresh_after(report))
         asked = [s for s in report.samples if s.code == CUSTOMER_NOT_FOUND and s.identifier]
         requests = requests_named(conn, [s.identifier or "" for s in asked])
         if not requests:
@@ -129,7 +137,7 @@ def customers_to_ask(conn: Connection, reports: Sequence[StripeReport]) -> set[s
             request = requests.get(s.identifier or "")
             if request is not None:
                 found |= customers_in_question(s.message, request, events, meter)
-        out |= set(sorted(found)[:MAX_CUSTOMERS_PER_REPORT])
+        want(set(sorted(found)[:MAX_CUSTOMERS_PER_REPORT]), None)
     return out
 
 
@@ -183,11 +191,11 @@ def store_reports(engine: Engine, reports: Sequence[StripeReport], *, source: st
 
 def _find_by_asking(conn: Connection, report: StripeReport, meter: str | None,
                     customers: Mapping[str, CustomerCheck], now: datetime) -> list[int]:
-    """Reject the events the report counted but did not sample, sent to customers Stripe
-    says it lacks (:mod:`.refused`); their ids. Each gets a row in ``stripe_error_samples``
-    naming no identifier (found, not sampled)."""
+    """Reject the events counted, not sampled, that Stripe's answers prove refused
+    (:mod:`.refused`); their ids, each with an error sample naming no identifier."""
     if not refused.unexplained(report):
         return []
+    refused.untimed(conn, report, meter, customers)
     traced = int(conn.execute(select(func.count(func.distinct(ERROR_SAMPLES.c.event_id))).where(
         ERROR_SAMPLES.c.stripe_event_id == report.id, ERROR_SAMPLES.c.code == CUSTOMER_NOT_FOUND,
         ERROR_SAMPLES.c.outcome.in_((REJECTED, ALREADY, WAITING)))).scalar_one())

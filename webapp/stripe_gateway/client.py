@@ -1,6 +1,7 @@
 """Our verbs in, plain data and classified outcomes out: send a meter event (or up to 100
 through a meter event stream, :mod:`.stream`); list meters; list customers; list
 subscriptions and invoices (:mod:`.invoices_sdk`); list and read Stripe's events (API v2);
+when customers were deleted (v1 ``customer.deleted`` events);
 verify a pushed event notification; read meter event summaries; cancel a meter event. Only
 this package imports ``stripe``, and only this module (with :mod:`.errors`, :mod:`.http`,
 :mod:`.stream_sdk` and :mod:`.invoices_sdk`, which it loads)
@@ -9,7 +10,7 @@ at import time: :mod:`.data` and :mod:`.stream` hold what the rest of the produc
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -188,6 +189,47 @@ class SdkGateway(BillingReads):
         return CustomerCheck(customer_id, customers.ACTIVE, name=_text(data.get("name")),
                              request_id=request_id)
 
+    def list_customer_deletions(self, *, created_gte: datetime | None,
+                                customer_ids: Collection[str] | None = None,
+                                page_size: int = 100,
+                                pace: Callable[[], object] | None = None
+                                ) -> dict[str, datetime]:
+        """When Stripe deleted each customer it lists a ``customer.deleted`` event for
+        (``GET /v1/events?type=customer.deleted``, created at or after ``created_gte``; Stripe
+        keeps events 30 days), by customer id: the event's ``created`` (Unix seconds), the
+        customer at ``data.object.id`` (the fields of the SDK's ``stripe._event.Event``).
+        Page after page (``starting_after`` while ``has_more``), ``pace`` called before each;
+        with ``customer_ids``, it stops once all of them are found (a customer is deleted
+        once). An item that cannot be read is skipped (its customer's time is not had).
+        Raises :class:`StripeCallFailed` when Stripe cannot be asked."""
+        wanted = set(customer_ids) if customer_ids is not None else None
+        found: dict[str, datetime] = {}
+        params: dict[str, Any] = {"type": "customer.deleted", "limit": page_size}
+        if created_gte is not None:
+            params["created"] = {"gte": int(created_gte.timestamp())}
+        try:
+            while True:
+                if pace is not None:
+                    pace()
+                page = self._client.v1.events.list(params=params)  # type: ignore[arg-type]
+                items = [e.to_dict() for e in page.data]
+                for e in items:
+                    deletion = _deletion(e)
+                    if deletion is not None:
+                        customer_id, at = deletion
+                        # Never two for one customer; were there, the later is the safer.
+                        found[customer_id] = max(at, found.get(customer_id, at))
+                if (not page.has_more or not items
+                        or (wanted is not None and wanted <= set(found))):
+                    return found
+                params = dict(params, starting_after=str(items[-1]["id"]))
+        except stripe.StripeError as exc:
+            raise StripeCallFailed("listing deleted customers", classify_error(exc)) from exc
+        except (AttributeError, KeyError, TypeError) as exc:
+            raise StripeCallFailed("listing deleted customers", CallResult(
+                Outcome.PERMANENT, error_class="MalformedAnswer",
+                message=f"a page could not be read: {exc}")) from exc
+
     # -- events ---------------------------------------------------------------------------
     def list_events(self, types: tuple[str, ...], *, created_gte: datetime | None
                     ) -> Iterator[ThinEvent]:
@@ -272,6 +314,24 @@ def _related_id(event: Any) -> str | None:
     related = getattr(event, "related_object", None)
     found = getattr(related, "id", None)
     return None if found is None else str(found)
+
+
+def _deletion(event: Any) -> tuple[str, datetime] | None:
+    """A ``customer.deleted`` event's customer and when it was deleted; None for anything
+    else, or an item whose customer or time cannot be read as Stripe documents them."""
+    if not isinstance(event, dict) or event.get("type") != "customer.deleted":
+        return None
+    data = event.get("data")
+    obj = data.get("object") if isinstance(data, dict) else None
+    customer_id = obj.get("id") if isinstance(obj, dict) else None
+    created = event.get("created")
+    if (not isinstance(customer_id, str) or not customer_id
+            or not isinstance(created, int) or isinstance(created, bool) or created <= 0):
+        return None
+    try:
+        return customer_id, datetime.fromtimestamp(created, UTC)
+    except (OverflowError, OSError, ValueError):
+        return None
 
 
 def _summary(s: Any) -> SummaryItem:

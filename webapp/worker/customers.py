@@ -1,12 +1,14 @@
 """Stripe's customers, within the process's ceiling on calls: every customer for the tenant
 sync (:func:`stripe_customers`), whether Stripe has a given customer, asked at most once per
-customer per refresh (:class:`CustomerDirectory`), and the one rule every way of mapping a
-tenant follows (:func:`check_customers`): a tenant is mapped only to a customer Stripe has."""
+customer per refresh (:class:`CustomerDirectory`), when Stripe deleted a deleted one (its
+``customer.deleted`` event), and the one rule every way of mapping a tenant follows
+(:func:`check_customers`): a tenant is mapped only to a customer Stripe has."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 from sqlalchemy import Engine
@@ -15,7 +17,7 @@ from ..config import Settings
 from ..db import reading
 from ..models import utcnow
 from ..outbox import customers
-from ..outbox.customers import ACTIVE, CustomerCheck, CustomerVerdicts
+from ..outbox.customers import ACTIVE, DELETED, CustomerCheck, CustomerVerdicts
 from ..outbox.tenant_sync import StripeCustomer
 from ..stripe_gateway import StripeCallFailed, StripeGateway
 from .throttle import process_limiter
@@ -45,8 +47,14 @@ class CustomerDirectory:
 
     :meth:`checks` answers for many customers at once; a customer Stripe could not be asked
     about (a timeout, a 5xx, a refused key) is left out of the answer, never guessed, and the
-    failure is logged once per call.
+    failure is logged once per call. :meth:`with_deletion_times` adds when Stripe deleted
+    the deleted ones, where Stripe lists it (remembered by the process: it never changes).
     """
+
+    #: How far back Stripe lists events (``GET /v1/events``).
+    EVENTS_KEPT = timedelta(days=30)
+    #: Deletion times remembered at most (then forgotten, and listed again when needed).
+    MAX_REMEMBERED = 10_000
 
     def __init__(self, engine: Engine, source: StripeGateway, *, refresh_seconds: float,
                  max_requests_per_second: float,
@@ -56,17 +64,24 @@ class CustomerDirectory:
         self.refresh = timedelta(seconds=refresh_seconds)
         self.limiter = process_limiter(max_requests_per_second)
         self.clock = clock
+        self._deleted_at: dict[str, datetime] = {}
 
-    def checks(self, customer_ids: Iterable[str], *,
-               recheck_refused: bool = False) -> dict[str, CustomerCheck]:
+    def checks(self, customer_ids: Iterable[str], *, recheck_refused: bool = False,
+               fresh_after: datetime | None = None) -> dict[str, CustomerCheck]:
         """Stripe's answer about each customer that could be had, by id: kept ones younger
         than ``refresh_seconds``, the others asked now (and kept). ``recheck_refused``: a
         kept answer that the customer is missing or deleted is asked again (a person mapping
-        a tenant may just have created the customer in Stripe)."""
+        a tenant may just have created the customer in Stripe). ``fresh_after``: a kept
+        answer given before then is stale and asked again (an error report counting refusals
+        it did not sample makes what was known of its customers before Stripe validated its
+        events stale: a customer kept as active may have been deleted since)."""
         wanted = {c for c in customer_ids if c}
         now = self.clock()
+        since = now - self.refresh
+        if fresh_after is not None:
+            since = max(since, fresh_after)
         with reading(self.engine) as conn:
-            known = customers.checks_since(conn, wanted, now - self.refresh)
+            known = customers.checks_since(conn, wanted, since)
         if recheck_refused:
             known = {c: check for c, check in known.items() if check.exists}
         asked: list[CustomerCheck] = []
@@ -83,6 +98,36 @@ class CustomerDirectory:
                         "; ".join(failed[:5]))
         known.update((c.customer_id, c) for c in asked)
         return known
+
+    def with_deletion_times(self, answers: Mapping[str, CustomerCheck], *,
+                            among: Iterable[str] | None = None) -> dict[str, CustomerCheck]:
+        """``answers``, each ``deleted`` one (of ``among``, when given) with when Stripe
+        deleted it (:attr:`CustomerCheck.deleted_at`): the ``created`` of its
+        ``customer.deleted`` event, listed once for all of them (``GET /v1/events``, the
+        last 30 days, within the process's rate limit). Left without one when Stripe lists
+        none (deleted longer ago than it keeps events) or could not be asked (logged)."""
+        chosen = None if among is None else set(among)
+        deleted = sorted(c for c, a in answers.items() if a.state == DELETED
+                         and a.deleted_at is None and (chosen is None or c in chosen))
+        unknown = [c for c in deleted if c not in self._deleted_at]
+        if unknown:
+            try:
+                found = self.source.list_customer_deletions(
+                    created_gte=self.clock() - self.EVENTS_KEPT, customer_ids=unknown,
+                    pace=self.limiter.acquire)
+            except StripeCallFailed as exc:
+                log.warning("Stripe could not be asked when %d customer(s) were deleted "
+                            "(%s): %s", len(unknown), ", ".join(unknown[:5]), exc)
+                found = {}
+            if len(self._deleted_at) + len(found) > self.MAX_REMEMBERED:
+                self._deleted_at.clear()
+            self._deleted_at.update(found)
+        out = dict(answers)
+        for c in deleted:
+            at = self._deleted_at.get(c)
+            if at is not None:
+                out[c] = replace(out[c], deleted_at=at)
+        return out
 
     def check(self, customer_id: str) -> CustomerCheck | None:
         """Stripe's answer about one customer, or None when Stripe could not be asked."""

@@ -68,14 +68,25 @@ def receive_report(engine: Engine, report: StripeReport, *, source: str, now: da
 def ask_customers(engine: Engine, reports: list[StripeReport],
                   directory: CustomerDirectory | None) -> dict[str, CustomerCheck]:
     """Stripe's answers about the customers these reports may be about (a sample saying a
-    customer was not found, naming a stream request of several customers' events); none
-    without a directory. Asked before the reports' transaction: no call is made with one
-    open."""
+    customer was not found, naming a stream request of several customers' events; a report
+    counting such refusals it did not sample); none without a directory. For the latter, an
+    answer kept from before Stripe began validating the report's events is asked again, and
+    a deleted customer comes with when Stripe deleted it, where that can be had. Asked before
+    the reports' transaction: no call is made with one open."""
     if directory is None:
         return {}
     with reading(engine) as conn:
         wanted = rejections.customers_to_ask(conn, reports)
-    return directory.checks(wanted) if wanted else {}
+    if not wanted:
+        return {}
+    by_time: dict[datetime | None, set[str]] = {}
+    for customer, fresh in wanted.items():
+        by_time.setdefault(fresh, set()).add(customer)
+    answers: dict[str, CustomerCheck] = {}
+    for fresh, group in by_time.items():
+        answers.update(directory.checks(group, fresh_after=fresh))
+    return directory.with_deletion_times(
+        answers, among=[c for c, fresh in wanted.items() if fresh is not None])
 
 
 def _read_meters(on_meter_codes: Callable[[], object], report_id: str) -> None:
