@@ -98,32 +98,31 @@ def test_bill_next_needs_an_open_period(engine: Engine) -> None:
     assert _late_ids(engine) == ids["sent_late"] + ids["unsent"]
 
 
-def test_the_late_scan_reads_recent_sends_and_finalizations_learned_since(
-        engine: Engine) -> None:
+def test_the_judge_reads_recent_sends_and_lines_learned_since(engine: Engine) -> None:
     from sqlalchemy import update
     from sqlalchemy.orm import Session
 
     from webapp.outbox import enqueue_usage, invoices
     from webapp.outbox.invoices import InvoiceInfo, LinePeriod
+    from webapp.outbox.sql import LINE_EVENTS as found
 
-    ids = _setup(engine)                     # the first scan (at T0) recorded sent_late
-    from webapp.outbox.sql import LATE_FOUND as found
-
+    ids = _setup(engine)                     # the first pass (at T0) found sent_late
     with engine.connect() as conn:
-        assert sorted(conn.execute(select(found.c.event_id)).scalars()) == ids["sent_late"]
-    # Sent after the scan, in the finalized period: found by the next scan only.
+        assert sorted(conn.execute(select(found.c.event_id).where(
+            found.c.place == "late")).scalars()) == sorted(ids["sent_late"] + ids["unsent"])
+    # Sent after the pass, in the finalized period: found by the next pass only.
     with Session(engine) as db, db.begin():
         extra = enqueue_usage(db, tenant_id="acme", quantity=7, idempotency_key="later",
                               occurred_at=T0 - timedelta(hours=4), now=T0).id
     later = T0 + timedelta(minutes=20)
     with engine.begin() as conn:
         conn.execute(update(T).where(T.c.id == extra).values(
-            status="sent", sent_at=later, stripe_customer_id="cus_A"))
+            status="sent", sent_at=later, first_attempt_at=later, stripe_customer_id="cus_A"))
     assert extra not in _late_ids(engine)
-    assert late.find_late(engine, now=later + timedelta(minutes=1)) == 1
+    assert late.find_late(engine, now=later + timedelta(minutes=1)) == 1   # its line
     assert extra in _late_ids(engine)
-    # An earlier invoice whose finalization is learned only now (its period: the one before):
-    # events sent long before this scan, but after that finalization, are late too.
+    # An earlier invoice learned only now (its period: the one before): events sent long
+    # before this pass, but after that finalization, are late too.
     before_start = T0 - timedelta(days=63)
     with Session(engine) as db, db.begin():
         old = enqueue_usage(db, tenant_id="acme", quantity=5, idempotency_key="old",
@@ -131,16 +130,44 @@ def test_the_late_scan_reads_recent_sends_and_finalizations_learned_since(
                             now=T0 - timedelta(days=21)).id
     with engine.begin() as conn:
         conn.execute(update(T).where(T.c.id == old).values(
-            status="sent", sent_at=T0 - timedelta(days=20), stripe_customer_id="cus_A"))
-    assert late.find_late(engine, now=later + timedelta(minutes=2)) == 0   # no invoice known
+            status="sent", sent_at=T0 - timedelta(days=20),
+            first_attempt_at=T0 - timedelta(days=20), stripe_customer_id="cus_A"))
+    late.find_late(engine, now=later + timedelta(minutes=2))
+    assert old not in _late_ids(engine)                                  # no invoice known
     invoices.store_invoices(engine, [InvoiceInfo(
         "in_old", "cus_A", "sub_A", "paid", T0 - timedelta(days=33), None,
         T0 - timedelta(days=33) + timedelta(hours=1),
         (LinePeriod("si_A", before_start, T0 - timedelta(days=33), 1),))],
         now=later + timedelta(minutes=3))
-    assert late.find_late(engine, now=later + timedelta(minutes=4)) == 1
+    late.find_late(engine, now=later + timedelta(minutes=4))
     assert old in _late_ids(engine)
-    # Nothing is recorded twice; a handled event is not recorded again.
-    assert late.find_late(engine, now=later + timedelta(minutes=5)) == 0
+    # Judged again, nothing is listed twice; a handled event is not listed again.
+    late.find_late(engine, now=later + timedelta(minutes=5))
+    assert len(_late_ids(engine)) == len(set(_late_ids(engine)))
     late.write_off(engine, [old], actor="ops", reason="written_off", note="old", now=later)
     assert old not in _late_ids(engine)
+
+
+def test_a_late_event_billed_next_counts_once_in_usage(engine: Engine) -> None:
+    """Tenants & usage, the tenant page and ``usage --json`` count the original, never its
+    copy too: 3 units late billed next are 3 units, not 6 (pending or sent)."""
+    from sqlalchemy import update
+
+    from webapp.read.tenants import usage_in
+
+    ids = _setup(engine)
+    start, end = (T0 - timedelta(days=40)).date(), (T0 + timedelta(days=1)).date()
+
+    def units() -> dict[str, int]:
+        with engine.connect() as conn:
+            found = usage_in(conn, start=start, end=end, tenant_id="acme")
+        return {s: sum(r.quantity[s] for r in found.rows) for s in ("sent", "pending")}
+
+    before = units()
+    result = late.bill_next(engine, ids["sent_late"], actor="ops", note="x",
+                            now=T0 + timedelta(minutes=1))
+    assert units() == before                                 # the copies are pending
+    with engine.begin() as conn:
+        conn.execute(update(T).where(T.c.id.in_(list(result.new_events.values())))
+                     .values(status="sent", sent_at=T0 + timedelta(minutes=2)))
+    assert units() == before                                 # and once they are sent

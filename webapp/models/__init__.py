@@ -9,11 +9,14 @@ meters, its events, reconciliation).
 from .base import NAMING, Base, BigID, UTCDateTime, utcnow
 from .billing import (
     BillingWatch,
-    LateFound,
+    LateLine,
     LateUsage,
+    LineEvent,
     StripeInvoice,
     StripeInvoicePeriod,
+    StripeSubscription,
     StripeSubscriptionItem,
+    UnbilledUsage,
 )
 from .limits import TEXT_LIMIT, clean, fit, fit_json_list, fit_key, fits, limit_of
 from .notify import NotifyAlert, NotifyDelivery
@@ -61,8 +64,7 @@ __all__ = [
     "WAITING_IDLE_SQL",
     "AttemptRollup", "AuditEntry", "AuditEvent",
     "Base", "BigID", "BillingWatch", "Control", "DeliveryAttempt", "DrainerHeartbeat",
-    "IngestToken", "LateFound",
-    "LateUsage",
+    "IngestToken", "LateLine", "LateUsage", "LineEvent",
     "LoginThrottle", "NotifyAlert", "NotifyDelivery",
     "OutboxEvent", "OutboxSetting",
     "PrunedUsageRollup", "ReconciledDay", "ReconciledMeterDay", "ReconciledMonth",
@@ -70,9 +72,9 @@ __all__ = [
     "ReconciliationRun", "RollupState", "SentUsageDay", "SentUsageMonthly", "SentUsageRollup",
     "SentUsageYearly",
     "StripeCustomerCheck", "StripeErrorSample", "StripeEvent", "StripeInvoice",
-    "StripeInvoicePeriod", "StripeSubscriptionItem",
+    "StripeInvoicePeriod", "StripeSubscription", "StripeSubscriptionItem",
     "StripeMeter", "StreamRequest", "SyncState", "TEXT_LIMIT", "Tenant", "UTCDateTime",
     "UsageReport",
-    "UsageReportRow", "User", "clean", "fit",
+    "UnbilledUsage", "UsageReportRow", "User", "clean", "fit",
     "fit_json_list", "fit_key", "fits", "limit_of", "utcnow",
 ]

@@ -5,8 +5,13 @@ kept in ``billing_watch`` so that a page view reads one row each:
   periods of draft invoices that finalize within ``INVOICE_RISK_SECONDS`` — customers,
   events, units and when the soonest of those drafts finalizes. Worked out with the
   invoice-first mark, every few seconds.
-- ``late``: late usage not handled yet (:mod:`.late`) — worked out after each read of
-  Stripe's invoices and after each late-usage action.
+- ``overlaps``: customers with two billing metered items on one meter (``customers``;
+  Stripe bills the same events on each), worked out after each read of the subscriptions.
+- ``unbilled``: usage Stripe took that no invoice will carry (:mod:`.unbilled`), worked
+  out after each read of Stripe's subscriptions and invoices.
+- ``late``: late usage not handled yet (:mod:`.late`): late events, and the units short
+  lines lack — worked out after each read of Stripe's invoices and after each late-usage
+  action.
 """
 
 from __future__ import annotations
@@ -17,10 +22,22 @@ from datetime import datetime, timedelta
 from sqlalchemy import Connection, Engine, and_, distinct, func, select, union_all
 
 from .invoices import draft_windows
-from .late import find_late, late_events, unsent_parts
-from .sql import BILLING_WATCH, TENANTS, T, as_utc, insert_for, int_sum
+from .late import BILLING_STATUSES, find_late, late_events, unsent_parts
+from .late_lines import short_lines
+from .sql import (
+    BILLING_WATCH,
+    SUBSCRIPTION_ITEMS,
+    TENANTS,
+    T,
+    as_utc,
+    insert_for,
+    int_sum,
+    status_is,
+)
+from .sql import UNBILLED as UNBILLED_TABLE
+from .unbilled import find_unbilled
 
-INVOICE_RISK, LATE = "invoice_risk", "late"
+INVOICE_RISK, LATE, UNBILLED, OVERLAPS = "invoice_risk", "late", "unbilled", "overlaps"
 
 
 @dataclass(frozen=True)
@@ -75,8 +92,40 @@ def keep_late(engine: Engine, *, now: datetime) -> Watch:
     find_late(engine, now=now)
     with engine.begin() as conn:
         found = late_events(conn)
-        watch = Watch(LATE, now, len({e.stripe_customer_id for e in found}), len(found),
-                      sum(e.quantity for e in found))
+        short = short_lines(conn)
+        customers = {e.stripe_customer_id for e in found} | {s.stripe_customer_id for s in short}
+        watch = Watch(LATE, now, len(customers), len(found),
+                      sum(e.quantity for e in found) + int(sum(s.units for s in short)))
+        _keep(conn, watch)
+    return watch
+
+
+def keep_overlaps(engine: Engine, *, now: datetime) -> Watch:
+    """Count the customers with more than one billing metered item on one meter, and keep
+    it (``customers``: how many; ``events``: how many customer and meter pairs)."""
+    i = SUBSCRIPTION_ITEMS
+    pairs = (select(i.c.stripe_customer_id).where(
+        i.c.subscription_status.in_(BILLING_STATUSES), i.c.meter.is_not(None))
+        .group_by(i.c.stripe_customer_id, i.c.meter).having(func.count() > 1).subquery())
+    with engine.begin() as conn:
+        row = conn.execute(select(func.count(distinct(pairs.c.stripe_customer_id)),
+                                  func.count())).one()
+        watch = Watch(OVERLAPS, now, int(row[0] or 0), int(row[1] or 0), 0)
+        _keep(conn, watch)
+    return watch
+
+
+def keep_unbilled(engine: Engine, *, now: datetime) -> Watch:
+    """Look again for usage on no invoice (:func:`.unbilled.find_unbilled`), then work out
+    ``unbilled`` and keep it."""
+    find_unbilled(engine, now=now)
+    with engine.begin() as conn:
+        row = conn.execute(select(func.count(distinct(UNBILLED_TABLE.c.stripe_customer_id)),
+                                  func.count(), int_sum(T.c.quantity))
+                           .select_from(UNBILLED_TABLE)
+                           .join(T, T.c.id == UNBILLED_TABLE.c.event_id)
+                           .where(status_is("sent"))).one()
+        watch = Watch(UNBILLED, now, int(row[0] or 0), int(row[1] or 0), int(row[2] or 0))
         _keep(conn, watch)
     return watch
 

@@ -1,11 +1,17 @@
-"""Late usage: events of a period whose invoice Stripe finalized before it accepted them (sent
-after the finalization, or still unsent). Stripe counts them on its meter but on no invoice
-(``docs/stripe.md``, "Billing periods and invoices"). A person bills each on the customer's
-next invoice (:func:`bill_next`: a new event, timestamped now, inside the open period, under
-a new identifier linked to the original) or writes it off (:func:`write_off`). Either is
-audited and recorded once per event in ``late_usage``; a handled event is not late any more,
-so a second run does nothing more. An event that is not late is refused, and then nothing of
-the request is applied.
+"""Late usage: events of a period whose invoice Stripe finalized before it took them, judged
+from their calls (:mod:`.evidence`, :mod:`.judge`): no call that may have reached Stripe began
+before the finalization (``after_finalization``), or none has reached it yet (``unsent``). An
+event whose calls straddle the finalization is *uncertain*: it is never billed or written off
+alone; its line settles it. A line that holds fewer units than Stripe took before it
+finalized is late usage too, as one amount (``short_line``: Stripe has those events, so they
+are never sent again as meter events). Stripe counts late usage on its meter but on no
+invoice (``docs/stripe.md``, "What an invoice line proves").
+
+A person bills each late event on the customer's next invoice (:func:`bill_next`: a new
+event, timestamped now, inside the open period, under a new identifier linked to the
+original) or writes it off (:func:`write_off`). Either is audited and recorded once per event
+in ``late_usage``; a handled event is not late any more, so a second run does nothing more.
+An event that is not late is refused, and then nothing of the request is applied.
 
 Reconciliation stays exact: the original stays as it was (sent, counted by Stripe in its own
 day), and the new event is an ordinary one, counted in the day it is sent for.
@@ -16,35 +22,43 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, func, insert, select, union_all
+from sqlalchemy import Connection, Engine, and_, func, insert, literal, or_, select, union_all
 from sqlalchemy import update as sa_update
 
 from ..audit import write_audit
-from . import stripe_runs
 from .enqueue import validate_usage
+from .evidence import (
+    AFTER_FINALIZATION,
+    CLOSED,
+    LATE,
+    UNCERTAIN,
+)
+from .evidence import UNSENT as UNSENT_WHY
+from .judge import judge, judging_line
 from .operations import RESOLVE_REASONS, OperationError
 from .sql import (
     IDLE_UNSENT,
     IN_FLIGHT_WHERE,
     INVOICE_PERIODS,
-    INVOICES,
-    LATE_FOUND,
     LATE_USAGE,
+    LINE_EVENTS,
     SUBSCRIPTION_ITEMS,
     TENANTS,
     T,
     as_utc,
     insert_for,
+    sql_str,
     status_in,
 )
 
 #: The statuses of events Stripe has not accepted (cancelled and resolved ones are closed).
-UNSENT = ("pending", "retrying", "processing", "dead", "rejected")
+UNSENT_STATUSES = ("pending", "retrying", "processing", "dead", "rejected")
+UNSENT = UNSENT_STATUSES    # the name the periods reads know it by
 #: The unsent statuses not in flight.
-UNSENT_IDLE = tuple(s for s in UNSENT if s != "processing")
+UNSENT_IDLE = tuple(s for s in UNSENT_STATUSES if s != "processing")
 
 
 def unsent_parts() -> tuple[tuple[Any, ...], tuple[Any, ...]]:
@@ -63,7 +77,7 @@ AUDIT_BILL_NEXT, AUDIT_WRITE_OFF = "late_bill_next", "late_write_off"
 
 @dataclass(frozen=True)
 class LateEvent:
-    """A late event: on no invoice."""
+    """A late event: on no invoice. ``why``: ``after_finalization`` or ``unsent``."""
 
     id: int
     tenant_id: str
@@ -79,6 +93,10 @@ class LateEvent:
     invoice_id: str
     finalized_at: datetime
 
+    @property
+    def why(self) -> str:
+        return AFTER_FINALIZATION if self.status == "sent" else UNSENT_WHY
+
     def as_dict(self) -> dict[str, Any]:
         return {"id": self.id, "tenant_id": self.tenant_id,
                 "stripe_customer_id": self.stripe_customer_id, "meter": self.meter,
@@ -86,7 +104,7 @@ class LateEvent:
                 "sent_at": None if self.sent_at is None else self.sent_at.isoformat(),
                 "status": self.status, "period_start": self.period_start.isoformat(),
                 "period_end": self.period_end.isoformat(), "invoice_id": self.invoice_id,
-                "finalized_at": self.finalized_at.isoformat()}
+                "finalized_at": self.finalized_at.isoformat(), "why": self.why}
 
 
 def _utc(value: Any) -> datetime:
@@ -95,97 +113,61 @@ def _utc(value: Any) -> datetime:
     return found
 
 
-#: How far before the last scan's start the next one looks again: an event's ``sent_at`` is
-#: the moment its call returned, and its commit comes a little later.
-SCAN_OVERLAP = timedelta(minutes=10)
-
-
 def find_late(engine: Engine, *, now: datetime) -> int:
-    """Record the sent events that reached Stripe after their period's invoice was final, not
-    recorded or handled yet: those sent since the last scan began (less ``SCAN_OVERLAP``), and
-    since the finalization of every invoice read since then (a finalization learned late makes
-    earlier sends late). The first scan reads every sent event; later ones only the recent
-    sends (``ix_outbox_sent_at``), so the cost follows the traffic, not the table. How many
-    were found. Run after each read of Stripe's invoices."""
-    with engine.begin() as conn:
-        mark = stripe_runs.run_status(conn, stripe_runs.LATE_MARK).ran_at
-        since: datetime | None = None
-        if mark is not None:
-            since = mark - SCAN_OVERLAP
-            learned = as_utc(conn.execute(select(func.min(INVOICES.c.finalized_at)).where(
-                INVOICES.c.finalized_at.is_not(None), INVOICES.c.seen_at >= since)).scalar())
-            if learned is not None:
-                since = min(since, learned)
-        recorded = (select(LATE_FOUND.c.event_id).where(LATE_FOUND.c.event_id == T.c.id)
-                    .exists())
-        stmt = (select(T.c.id, INVOICES.c.id.label("invoice_id"), INVOICE_PERIODS.c.period_start,
-                       INVOICE_PERIODS.c.period_end, INVOICES.c.finalized_at)
-                .select_from(T)
-                # A sent event's customer is on its row (fixed at its first claim).
-                .join(INVOICE_PERIODS, and_(
-                    INVOICE_PERIODS.c.stripe_customer_id == T.c.stripe_customer_id,
-                    INVOICE_PERIODS.c.meter == T.c.meter,
-                    INVOICE_PERIODS.c.period_start <= T.c.occurred_at,
-                    T.c.occurred_at < INVOICE_PERIODS.c.period_end))
-                .join(INVOICES, INVOICES.c.id == INVOICE_PERIODS.c.invoice_id)
-                .where(T.c.status == "sent", INVOICES.c.finalized_at.is_not(None),
-                       T.c.sent_at > INVOICES.c.finalized_at, ~recorded, ~_handled())
-                .order_by(T.c.id, INVOICES.c.finalized_at))
-        if since is not None:
-            stmt = stmt.where(T.c.sent_at > since)
-        found: dict[int, Any] = {}
-        for r in conn.execute(stmt):
-            found.setdefault(int(r.id), r)      # two invoices for one period: the first final
-        rows = [dict(event_id=i, invoice_id=str(r.invoice_id), period_start=r.period_start,
-                     period_end=r.period_end, finalized_at=r.finalized_at, found_at=now)
-                for i, r in found.items()]
-        for start in range(0, len(rows), 500):
-            conn.execute(insert_for(conn, LATE_FOUND).on_conflict_do_nothing(
-                index_elements=[LATE_FOUND.c.event_id]), rows[start:start + 500])
-    stripe_runs.record_run(engine, stripe_runs.LATE_MARK, ok=True, now=now,
-                           detail=f"{len(rows)} late sent events found")
-    return len(rows)
+    """Judge what changed since the last look (:func:`.judge.judge`): the finalized lines not
+    judged yet, and those whose period had an event sent since. How many lines were judged.
+    Run after each read of Stripe's invoices and before late usage is listed."""
+    return judge(engine, now=now).lines
 
 
 def _handled() -> Any:
     return select(LATE_USAGE.c.event_id).where(LATE_USAGE.c.event_id == T.c.id).exists()
 
 
+def _judged() -> Any:
+    return select(LINE_EVENTS.c.event_id).where(LINE_EVENTS.c.event_id == T.c.id).exists()
+
+
 def late_events(conn: Connection, ids: Sequence[int] | None = None) -> list[LateEvent]:
-    """The late events not handled yet (of ``ids`` when given), oldest first: the sent ones
-    :func:`find_late` recorded, and the unsent ones of a period whose invoice is final (read
-    through the unsent events' index: few)."""
+    """The late events not handled yet (of ``ids`` when given), oldest first: those the judge
+    found late, or uncertain and settled by their line as not on it; and the unsent events of
+    a finalized line's period never claimed before it finalized that the judge has not seen
+    yet (read through the unsent events' index: few)."""
     customer = func.coalesce(T.c.stripe_customer_id, TENANTS.c.stripe_customer_id)
     cols = (T.c.id, T.c.tenant_id, customer.label("customer"), T.c.meter, T.c.quantity,
             T.c.occurred_at, T.c.sent_at, T.c.status, T.c.idempotency_key)
-    sent = (select(*cols, LATE_FOUND.c.period_start.label("period_start"),
-                   LATE_FOUND.c.period_end.label("period_end"),
-                   LATE_FOUND.c.invoice_id.label("invoice_id"),
-                   LATE_FOUND.c.finalized_at.label("finalized_at"))
-            .select_from(LATE_FOUND)
-            .join(T, T.c.id == LATE_FOUND.c.event_id)
-            .outerjoin(TENANTS, TENANTS.c.tenant_id == T.c.tenant_id)
-            .where(T.c.status == "sent", ~_handled()))
+    judged = (select(*cols, LINE_EVENTS.c.period_start.label("period_start"),
+                     LINE_EVENTS.c.period_end.label("period_end"),
+                     LINE_EVENTS.c.invoice_id.label("invoice_id"),
+                     LINE_EVENTS.c.finalized_at.label("finalized_at"))
+              .select_from(LINE_EVENTS)
+              .join(T, T.c.id == LINE_EVENTS.c.event_id)
+              .outerjoin(TENANTS, TENANTS.c.tenant_id == T.c.tenant_id)
+              .where(or_(LINE_EVENTS.c.place == sql_str(LATE),
+                         LINE_EVENTS.c.settled == sql_str(LATE)),
+                     T.c.status.not_in([sql_str(c) for c in CLOSED]), ~_handled()))
+
     def unsent(where: tuple[Any, ...]) -> Any:
-        part = (select(*cols, INVOICE_PERIODS.c.period_start.label("period_start"),
-                       INVOICE_PERIODS.c.period_end.label("period_end"),
-                       INVOICES.c.id.label("invoice_id"),
-                       INVOICES.c.finalized_at.label("finalized_at"))
+        lp = INVOICE_PERIODS
+        part = (select(*cols, lp.c.period_start.label("period_start"),
+                       lp.c.period_end.label("period_end"),
+                       lp.c.invoice_id.label("invoice_id"),
+                       lp.c.finalized_at.label("finalized_at"))
                 .select_from(T)
                 .outerjoin(TENANTS, TENANTS.c.tenant_id == T.c.tenant_id)
-                .join(INVOICE_PERIODS, and_(
-                    INVOICE_PERIODS.c.stripe_customer_id == customer,
-                    INVOICE_PERIODS.c.meter == T.c.meter,
-                    INVOICE_PERIODS.c.period_start <= T.c.occurred_at,
-                    T.c.occurred_at < INVOICE_PERIODS.c.period_end))
-                .join(INVOICES, INVOICES.c.id == INVOICE_PERIODS.c.invoice_id)
-                .where(*where, INVOICES.c.finalized_at.is_not(None), ~_handled()))
+                .join(lp, and_(
+                    lp.c.stripe_customer_id == customer, lp.c.meter == T.c.meter,
+                    lp.c.period_start <= T.c.occurred_at, T.c.occurred_at < lp.c.period_end))
+                .where(*where, judging_line(),
+                       or_(T.c.first_attempt_at.is_(None),
+                           T.c.first_attempt_at >= lp.c.finalized_at),
+                       ~_judged(), ~_handled()))
         return part if ids is None else part.where(T.c.id.in_(list(ids)))
 
     if ids is not None:
-        sent = sent.where(T.c.id.in_(list(ids)))
+        judged = judged.where(T.c.id.in_(list(ids)))
     idle, in_flight = unsent_parts()
-    both = union_all(sent, unsent(idle), unsent(in_flight)).subquery("late")
+    both = union_all(judged, unsent(idle), unsent(in_flight)).subquery("late")
     found: dict[int, LateEvent] = {}
     for r in conn.execute(select(both).order_by(both.c.occurred_at, both.c.id,
                                                 both.c.finalized_at)):
@@ -195,6 +177,31 @@ def late_events(conn: Connection, ids: Sequence[int] | None = None) -> list[Late
             _utc(r.period_start), _utc(r.period_end), str(r.invoice_id),
             _utc(r.finalized_at)))
     return list(found.values())
+
+
+def uncertain_events(conn: Connection, ids: Sequence[int]) -> dict[int, tuple[str, str | None]]:
+    """Of ``ids``, the events whose calls straddle their invoice's finalization that their
+    line did not settle as late: id -> (invoice, ``billed`` or None when not settled)."""
+    if not ids:
+        return {}
+    return {int(r.event_id): (str(r.invoice_id), r.settled) for r in conn.execute(
+        select(LINE_EVENTS.c.event_id, LINE_EVENTS.c.invoice_id, LINE_EVENTS.c.settled).where(
+            LINE_EVENTS.c.event_id.in_(list(ids)), LINE_EVENTS.c.place == literal(UNCERTAIN),
+            or_(LINE_EVENTS.c.settled.is_(None), LINE_EVENTS.c.settled != literal(LATE))))}
+
+
+def _not_late(event_id: int, doubt: tuple[str, str | None] | None) -> str:
+    """Why an event cannot be billed again or written off, in one line."""
+    if doubt is None:
+        return (f"event {event_id} is not late: it is not in a period whose invoice Stripe "
+                f"finalized before accepting it")
+    invoice, settled = doubt
+    if settled is not None:
+        return (f"event {event_id} is billed on invoice {invoice}: Stripe's answer came after "
+                f"the invoice finalized, but its line holds the event; it is not late")
+    return (f"event {event_id} may be on invoice {invoice}: a call that may have reached "
+            f"Stripe began before it finalized and the answer came after, so the invoice's "
+            f"line decides; it is never billed or written off alone")
 
 
 @dataclass(frozen=True)
@@ -225,9 +232,8 @@ def _check(conn: Connection, ids: Sequence[int], note: str) -> tuple[list[LateEv
     found = {e.id for e in late}
     refused = [i for i in wanted if i not in found and i not in already]
     if refused:
-        raise OperationError("; ".join(
-            f"event {i} is not late: it is not in a period whose invoice Stripe finalized "
-            f"before accepting it" for i in refused))
+        doubt = uncertain_events(conn, refused)
+        raise OperationError("; ".join(_not_late(i, doubt.get(i)) for i in refused))
     return late, already
 
 

@@ -50,8 +50,9 @@ from ..models import (
     DeliveryAttempt,
     DrainerHeartbeat,
     IngestToken,
-    LateFound,
+    LateLine,
     LateUsage,
+    LineEvent,
     NotifyAlert,
     NotifyDelivery,
     OutboxEvent,
@@ -74,9 +75,11 @@ from ..models import (
     StripeInvoice,
     StripeInvoicePeriod,
     StripeMeter,
+    StripeSubscription,
     StripeSubscriptionItem,
     SyncState,
     Tenant,
+    UnbilledUsage,
     User,
 )
 from .guards import AnyOf, Condition, Equals, Not, OlderThan, StatusIn
@@ -115,7 +118,10 @@ SUBSCRIPTION_ITEMS = cast(Table, StripeSubscriptionItem.__table__)
 INVOICES = cast(Table, StripeInvoice.__table__)
 INVOICE_PERIODS = cast(Table, StripeInvoicePeriod.__table__)
 LATE_USAGE = cast(Table, LateUsage.__table__)
-LATE_FOUND = cast(Table, LateFound.__table__)
+LINE_EVENTS = cast(Table, LineEvent.__table__)
+LATE_LINES = cast(Table, LateLine.__table__)
+SUBSCRIPTIONS = cast(Table, StripeSubscription.__table__)
+UNBILLED = cast(Table, UnbilledUsage.__table__)
 BILLING_WATCH = cast(Table, BillingWatch.__table__)
 NOTIFY_ALERTS = cast(Table, NotifyAlert.__table__)
 NOTIFY_DELIVERIES = cast(Table, NotifyDelivery.__table__)

@@ -19,8 +19,14 @@ RECONCILE = "reconcile"
 BILLING = "billing"
 #: When the last complete listing of invoices began (the next one starts from there).
 INVOICES_MARK = "billing-invoices"
-#: When the last scan for late sent events began (``webapp.outbox.late.find_late``).
-LATE_MARK = "billing-late"
+#: When the last complete listing of subscriptions began: usage Stripe took before then is
+#: judged against what that listing said (``webapp.outbox.unbilled``).
+SUBSCRIPTIONS_MARK = "billing-subscriptions"
+#: When the invoice-line judge last began a pass (``webapp.outbox.judge``): what was sent
+#: since, and every line not judged, is judged at the next.
+JUDGE_MARK = "billing-judge"
+#: When the last look for usage on no invoice began (``webapp.outbox.unbilled``).
+UNBILLED_MARK = "billing-unbilled"
 #: The last try of each notification channel (``webapp.worker.notify.deliveries``).
 NOTIFY = {"slack": "notify-slack", "webhook": "notify-webhook", "email": "notify-email"}
 

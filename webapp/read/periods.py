@@ -21,7 +21,14 @@ from sqlalchemy import Connection, and_, func, literal, null, select, tuple_, un
 
 from ..outbox import invoices, stripe_runs
 from ..outbox.billing_watch import Watch, watched
-from ..outbox.late import BILLING_STATUSES, UNSENT, LateEvent, late_events, unsent_parts
+from ..outbox.late import (
+    BILLING_STATUSES,
+    UNSENT,
+    LateEvent,
+    late_events,
+    unsent_parts,
+)
+from ..outbox.late_lines import short_lines
 from ..outbox.meters import active_meters
 from ..outbox.sql import (
     INVOICE_PERIODS,
@@ -163,6 +170,43 @@ def _utc(value: Any) -> datetime:
     return found
 
 
+@dataclass(frozen=True)
+class Overlap:
+    """A customer with more than one billing metered item on one meter: Stripe bills the
+    same events on each line (meter events name a customer, not an item)."""
+
+    stripe_customer_id: str
+    meter: str
+    subscription_items: tuple[str, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"stripe_customer_id": self.stripe_customer_id, "meter": self.meter,
+                "subscription_items": list(self.subscription_items)}
+
+
+def overlaps(conn: Connection, *, limit: int | None = None) -> list[Overlap]:
+    """Every customer and meter with more than one item of a subscription that bills."""
+    i = SUBSCRIPTION_ITEMS
+    billing = [i.c.subscription_status.in_(BILLING_STATUSES), i.c.meter.is_not(None)]
+    pairs = (select(i.c.stripe_customer_id, i.c.meter).where(*billing)
+             .group_by(i.c.stripe_customer_id, i.c.meter).having(func.count() > 1)
+             .order_by(i.c.stripe_customer_id, i.c.meter))
+    if limit is not None:
+        pairs = pairs.limit(limit)
+    found = [(str(r[0]), str(r[1])) for r in conn.execute(pairs)]
+    if not found:
+        return []
+    items: dict[tuple[str, str], list[str]] = {p: [] for p in found}
+    for r in conn.execute(select(i.c.stripe_customer_id, i.c.meter, i.c.id)
+                          .where(*billing, i.c.stripe_customer_id.in_(sorted({p[0] for p in
+                                                                               found})))
+                          .order_by(i.c.id)):
+        key = (str(r[0]), str(r[1]))
+        if key in items:
+            items[key].append(str(r[2]))
+    return [Overlap(c, m, tuple(items[(c, m)])) for c, m in found]
+
+
 @dataclass
 class PeriodsSummary:
     """What ``billing-outbox periods`` prints."""
@@ -171,6 +215,7 @@ class PeriodsSummary:
     closing: list[ClosingPeriod]
     late_events: int = 0
     late_units: int = 0
+    overlaps: list[Overlap] = field(default_factory=list)
 
     def at_risk(self, within: timedelta) -> list[ClosingPeriod]:
         """The drafts finalizing within ``within`` with events unsent."""
@@ -181,14 +226,19 @@ class PeriodsSummary:
     def as_dict(self) -> dict[str, Any]:
         return {"as_of": self.as_of.isoformat(),
                 "closing": [p.as_dict() for p in self.closing],
-                "late": {"events": self.late_events, "units": self.late_units}}
+                "late": {"events": self.late_events, "units": self.late_units},
+                "overlaps": [o.as_dict() for o in self.overlaps]}
 
 
 def periods_summary(conn: Connection, now: datetime) -> PeriodsSummary:
-    """The closing periods and the late usage not handled yet."""
+    """The closing periods, the late usage not handled yet (late events, and the units short
+    lines lack) and the customers billed twice on one meter."""
     late = late_events(conn)
+    short = short_lines(conn)
     return PeriodsSummary(now, closing_periods(conn, now), late_events=len(late),
-                          late_units=sum(e.quantity for e in late))
+                          late_units=sum(e.quantity for e in late)
+                          + int(sum(s.units for s in short)),
+                          overlaps=overlaps(conn))
 
 
 #: Closing periods a page shows at most, per part.
@@ -296,6 +346,6 @@ def periods_page(conn: Connection, now: datetime, *, after: str | None = None,
         watch=watched(conn), refreshed=stripe_runs.run_status(conn, stripe_runs.BILLING))
 
 
-__all__ = ["ENDS_WITHIN", "UNSENT", "WAITS", "ClosingPeriod", "LateEvent", "PeriodsSummary",
-           "PeriodsPage", "closing_periods", "late_events", "periods_page",
-           "periods_summary"]
+__all__ = ["ENDS_WITHIN", "UNSENT", "WAITS", "ClosingPeriod", "LateEvent", "Overlap",
+           "PeriodsSummary", "PeriodsPage", "closing_periods", "late_events", "overlaps",
+           "periods_page", "periods_summary"]

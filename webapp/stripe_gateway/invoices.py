@@ -12,14 +12,24 @@ The field names are those of the SDK's generated classes (``stripe._subscription
   ``period.end``. A line of no subscription item (an invoice item) is left out.
 - ``automatically_finalizes_at`` is set only while the invoice is a draft;
   ``status_transitions.finalized_at`` once it was finalized.
+- A line's exact quantity is ``quantity_decimal`` (``InvoiceLineItem.quantity_decimal``, a
+  decimal string in the JSON; ``quantity`` truncates it and is to be deprecated) and its
+  ``amount`` is in the currency's minor unit; an invoice's ``billing_reason``
+  (``subscription_create`` for a new subscription's first invoice) and ``currency``.
+- A subscription's ``trial_start`` / ``trial_end``, ``start_date``, ``created``,
+  ``ended_at``, ``canceled_at``, ``pause_collection.behavior`` and
+  ``status_details.paused.transitioned_at`` (``Subscription``) decide whether its usage is
+  invoiced.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 from ..outbox.invoices import InvoiceInfo, LinePeriod, MeteredItem
+from ..outbox.subscriptions import SubscriptionFacts
 
 
 def _time(value: Any) -> datetime | None:
@@ -44,12 +54,27 @@ def _nested(obj: Any, *path: str) -> Any:
     return obj
 
 
+def subscription_facts(subscription: dict[str, Any]) -> SubscriptionFacts:
+    """What of a subscription decides whether its usage is invoiced."""
+    pause = subscription.get("pause_collection")
+    return SubscriptionFacts(
+        created=_time(subscription.get("created")),
+        start_date=_time(subscription.get("start_date")),
+        trial_start=_time(subscription.get("trial_start")),
+        trial_end=_time(subscription.get("trial_end")),
+        ended_at=_time(subscription.get("ended_at")),
+        canceled_at=_time(subscription.get("canceled_at")),
+        pause_collection=_text(pause.get("behavior")) if isinstance(pause, dict) else None,
+        paused_at=_time(_nested(subscription, "status_details", "paused", "transitioned_at")))
+
+
 def metered_items(subscription: dict[str, Any],
                   items: list[dict[str, Any]]) -> list[MeteredItem]:
     """The metered items of one subscription (its ``items`` as listed, every page)."""
     customer = subscription.get("customer")
     if isinstance(customer, dict):  # expanded
         customer = customer.get("id")
+    facts = subscription_facts(subscription)
     found = []
     for item in items:
         recurring = _nested(item, "price", "recurring") or {}
@@ -63,7 +88,8 @@ def metered_items(subscription: dict[str, Any],
             meter_id=str(meter), price_id=_text(_nested(item, "price", "id")),
             period_start=_required_time(item.get("current_period_start"),
                                         "current_period_start"),
-            period_end=_required_time(item.get("current_period_end"), "current_period_end")))
+            period_end=_required_time(item.get("current_period_end"), "current_period_end"),
+            subscription=facts))
     return found
 
 
@@ -74,13 +100,31 @@ def lines_from(lines: list[dict[str, Any]]) -> tuple[LinePeriod, ...]:
         item = _nested(line, "parent", "subscription_item_details", "subscription_item")
         if not item:
             continue
-        quantity = line.get("quantity")
+        quantity, amount = line.get("quantity"), line.get("amount")
         found.append(LinePeriod(
             subscription_item_id=str(item),
             start=_required_time(_nested(line, "period", "start"), "period.start"),
             end=_required_time(_nested(line, "period", "end"), "period.end"),
-            quantity=None if quantity is None else int(quantity)))
+            quantity=None if quantity is None else int(quantity),
+            quantity_decimal=_decimal(line.get("quantity_decimal"), quantity),
+            amount=None if amount is None else int(amount)))
     return tuple(found)
+
+
+def _decimal(value: Any, quantity: Any) -> str | None:
+    """Stripe's exact quantity as a decimal string (``quantity`` when there is none): a
+    number that is not one raises, as any answer that cannot be read does."""
+    if value is None:
+        value = quantity
+    if value is None:
+        return None
+    try:
+        found = Decimal(str(value))
+    except ArithmeticError as exc:      # decimal.InvalidOperation
+        raise ValueError(f"quantity_decimal {value!r} is not a number") from exc
+    if not found.is_finite():
+        raise ValueError(f"quantity_decimal {value!r} is not a number")
+    return format(found.normalize(), "f") if found == found.to_integral() else str(found)
 
 
 def invoice_from(invoice: dict[str, Any], lines: list[dict[str, Any]]) -> InvoiceInfo | None:
@@ -99,7 +143,8 @@ def invoice_from(invoice: dict[str, Any], lines: list[dict[str, Any]]) -> Invoic
         created=_required_time(invoice.get("created"), "created"),
         finalizes_at=_time(invoice.get("automatically_finalizes_at")),
         finalized_at=_time(_nested(invoice, "status_transitions", "finalized_at")),
-        lines=lines_from(lines))
+        lines=lines_from(lines), billing_reason=_text(invoice.get("billing_reason")),
+        currency=_text(invoice.get("currency")))
 
 
 def _text(value: Any) -> str | None:

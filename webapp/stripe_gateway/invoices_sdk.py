@@ -93,13 +93,17 @@ class BillingReads:
         return found
 
     def list_invoices(self, *, created_gte: datetime, page_size: int = 100,
-                      pace: Callable[[], object] | None = None) -> list[InvoiceInfo]:
+                      pace: Callable[[], object] | None = None,
+                      status: str | None = None) -> list[InvoiceInfo]:
         """Every invoice created at or after ``created_gte`` (``GET /v1/invoices``,
-        ``created[gte]``), with the periods of its subscription items' lines (the rest from
-        ``GET /v1/invoices/{id}/lines`` when the embedded ones say there are more). Invoices
-        of no subscription are left out."""
+        ``created[gte]``; of that ``status`` only, when given), with the periods of its
+        subscription items' lines (the rest from ``GET /v1/invoices/{id}/lines`` when the
+        embedded ones say there are more). Invoices of no subscription are left out."""
         found: list[InvoiceInfo] = []
-        params = {"limit": page_size, "created": {"gte": int(created_gte.timestamp())}}
+        params: dict[str, Any] = {"limit": page_size,
+                                  "created": {"gte": int(created_gte.timestamp())}}
+        if status is not None:
+            params["status"] = status
         try:
             for inv in _pages(self._client, "/v1/invoices", params, pace):
                 info = invoice_from(inv, self._lines(inv, page_size, pace))
@@ -108,6 +112,19 @@ class BillingReads:
         except (stripe.StripeError, *_MALFORMED) as exc:
             raise _failed("listing invoices", exc) from exc
         return found
+
+    def retrieve_subscription(self, subscription_id: str) -> list[MeteredItem]:
+        """One subscription's metered items (``GET /v1/subscriptions/{id}``, the rest of its
+        items from ``GET /v1/subscription_items`` when the embedded list says there are
+        more); none when it has no metered item."""
+        client = self._client
+        try:
+            sub = _get(client, f"/v1/subscriptions/{quote(subscription_id, safe='')}", {})
+            return metered_items(sub, _embedded_rest(
+                client, sub.get("items"), "/v1/subscription_items",
+                {"subscription": str(sub["id"])}, 100, None))
+        except (stripe.StripeError, *_MALFORMED) as exc:
+            raise _failed(f"reading subscription {subscription_id}", exc) from exc
 
     def retrieve_invoice(self, invoice_id: str) -> InvoiceInfo | None:
         """One invoice (``GET /v1/invoices/{id}``) with every line; None when it bills no

@@ -11,7 +11,7 @@ no SDK."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
 
@@ -56,13 +56,22 @@ class StripeGateway(Protocol):
 
     def retrieve_customer(self, customer_id: str) -> CustomerCheck: ...
 
+    def list_customer_deletions(self, *, created_gte: datetime | None,
+                                customer_ids: Collection[str] | None = ...,
+                                page_size: int = ...,
+                                pace: Callable[[], object] | None = ...
+                                ) -> dict[str, datetime]: ...
+
     def list_subscriptions(self, *, page_size: int = ...,
                            pace: Callable[[], object] | None = ...) -> list[MeteredItem]: ...
 
     def list_invoices(self, *, created_gte: datetime, page_size: int = ...,
-                      pace: Callable[[], object] | None = ...) -> list[InvoiceInfo]: ...
+                      pace: Callable[[], object] | None = ...,
+                      status: str | None = ...) -> list[InvoiceInfo]: ...
 
     def retrieve_invoice(self, invoice_id: str) -> InvoiceInfo | None: ...
+
+    def retrieve_subscription(self, subscription_id: str) -> list[MeteredItem]: ...
 
     def list_events(self, types: tuple[str, ...], *,
                     created_gte: datetime | None) -> Iterator[ThinEvent]: ...

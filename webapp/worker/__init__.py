@@ -27,11 +27,14 @@ from .customers import check_customers, customer_directory, stripe_customers
 from .drainer import Drainer, DrainSummary
 from .folder import RollupFolder
 from .invoices import (
+    INVOICE_DELETED,
     INVOICE_EVENT_TYPES,
+    SUBSCRIPTION_TYPES,
     BillingRefresher,
     RefreshSummary,
     billing_refresher,
     receive_invoice,
+    receive_subscription,
 )
 from .maintenance import Maintenance, Scheduled, services_for
 from .meters import MeterRefresher
@@ -46,11 +49,13 @@ from .report_writer import prepare as prepare_report
 from .rescuer import Rescuer
 from .stripe_events import EventPoller, PollSummary, event_poller, receive_report
 
-__all__ = ["INVOICE_EVENT_TYPES", "NOTIFY_SETTING", "BillingRefresher", "CancelOutcome",
+__all__ = ["INVOICE_DELETED", "INVOICE_EVENT_TYPES", "SUBSCRIPTION_TYPES", "NOTIFY_SETTING",
+           "BillingRefresher", "CancelOutcome",
            "DrainSummary", "Drainer",
            "Deliverer", "EventPoller", "Maintenance", "MeterRefresher", "Notifier", "PollSummary",
            "RECONCILE_LEASE_SECONDS", "Reconciler", "RefreshSummary", "ReportBusy", "Rescuer",
            "RollupFolder", "Scheduled", "cancel_events", "billing_refresher", "check_customers",
            "customer_directory", "event_poller", "freeze_startup_objects", "gateway_from",
-           "prepare_report", "receive_invoice", "receive_report", "reconcile", "run_drainer",
+           "prepare_report", "receive_invoice", "receive_subscription", "receive_report",
+           "reconcile", "run_drainer",
            "send_test", "services_for", "stripe_customers"]

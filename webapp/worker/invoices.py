@@ -16,17 +16,19 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 
 from ..config import Settings
 from ..db import reading
 from ..models import utcnow
 from ..outbox import billing_watch, invoices, stripe_runs
+from ..outbox.sql import INVOICES, SUBSCRIPTIONS
 from ..stripe_gateway import StripeGateway
 from ..stripe_gateway.data import ThinEvent
 from .meters import MeterRefresher
@@ -34,8 +36,25 @@ from .throttle import process_limiter
 
 log = logging.getLogger(__name__)
 
-#: Stripe's thin events about invoices that make the invoices be read again.
-INVOICE_EVENT_TYPES = ("v1.invoice.created", "v1.invoice.finalized")
+#: Stripe's thin events about a new or newly final invoice: the invoices are listed again.
+LISTED_TYPES = ("v1.invoice.created", "v1.invoice.finalized")
+#: Events about an invoice that changed after it was listed: that invoice is read again
+#: (``.deleted``: a draft is gone, and nothing is read).
+INVOICE_DELETED = "v1.invoice.deleted"
+CHANGED_TYPES = ("v1.invoice.updated", "v1.invoice.finalization_failed", "v1.invoice.voided",
+                 "v1.invoice.marked_uncollectible", INVOICE_DELETED)
+#: Events about a subscription: that subscription is read again.
+SUBSCRIPTION_TYPES = ("v1.customer.subscription.updated", "v1.customer.subscription.deleted",
+                      "v1.customer.subscription.paused", "v1.customer.subscription.resumed")
+#: Every event type the billing refresher reads (polled, and pushed to ``POST
+#: /stripe/webhook``: an event destination must enable them, ``docs/stripe.md``).
+INVOICE_EVENT_TYPES = LISTED_TYPES + CHANGED_TYPES + SUBSCRIPTION_TYPES
+#: Invoices or subscriptions read one by one for the events of one poll, at most; past it,
+#: one listing of them all costs less.
+READ_ONE_BY_ONE = 50
+#: How far back the scheduled refresh lists voided and uncollectible invoices again (an
+#: invoice finalized up to 35 days after its period may be voided later; no event needed).
+STATUS_BACK = timedelta(days=45)
 #: How far back the first refresh reads invoices: Stripe accepts usage up to 35 days old.
 FIRST_READ_BACK = timedelta(days=35)
 #: How far before the last pass's start the next one lists again (Stripe's lists may show a
@@ -94,12 +113,31 @@ class BillingRefresher:
         return self._refresh(subscriptions=False)
 
     def on_invoice_events(self, events: Iterable[ThinEvent]) -> RefreshSummary | None:
-        """Read the invoices again if any of these events is newer than the last pass."""
+        """Stripe's events about invoices and subscriptions: a subscription or invoice that
+        changed since it was last read is read again (one by one, or all when many); a new or
+        newly final invoice newer than the last pass has the invoices listed again."""
+        events = list(events)
+        now = self.clock()
         with reading(self.engine) as conn:
             mark = stripe_runs.run_status(conn, stripe_runs.INVOICES_MARK).ran_at
-        if mark is not None and all(e.created < mark - EVENT_SLACK for e in events):
-            return None
-        return self.refresh_invoices()
+            subs = _stale(conn, SUBSCRIPTIONS, events, SUBSCRIPTION_TYPES)
+            changed = _stale(conn, INVOICES, events, CHANGED_TYPES)
+        invoices.mark_deleted(self.engine, sorted(
+            {e.related_id for e in events if e.type == INVOICE_DELETED and e.related_id}))
+        changed -= {e.related_id for e in events if e.type == INVOICE_DELETED}
+        if len(subs) > READ_ONE_BY_ONE:
+            return self.run_once()
+        for sub_id in sorted(subs):
+            self._pace()
+            receive_subscription(self.engine, self.source, sub_id, now=now)
+        listed = [e for e in events if e.type in LISTED_TYPES]
+        if len(changed) > READ_ONE_BY_ONE or (listed and (mark is None or any(
+                e.created >= mark - EVENT_SLACK for e in listed))):
+            return self.refresh_invoices()
+        for invoice_id in sorted(changed):
+            self._pace()
+            receive_invoice(self.engine, self.source, invoice_id, now=now)
+        return None
 
     def _refresh(self, *, subscriptions: bool) -> RefreshSummary:
         now = self.clock()
@@ -129,6 +167,13 @@ class BillingRefresher:
                         self.meters.run_once()
                     summary.items = invoices.store_items(self.engine, items, now=now)
                 listed = listing.result()
+                if subscriptions:
+                    stripe_runs.record_run(self.engine, stripe_runs.SUBSCRIPTIONS_MARK,
+                                           ok=True, detail=None, now=now)
+                    # Invoices voided or marked uncollectible since they were listed.
+                    for status in (invoices.VOID, invoices.UNCOLLECTIBLE):
+                        listed += self.source.list_invoices(created_gte=now - STATUS_BACK,
+                                                            pace=self._pace, status=status)
             summary.invoices = invoices.store_invoices(self.engine, listed, now=now,
                                                        listed_since=since)
             stripe_runs.record_run(self.engine, stripe_runs.INVOICES_MARK, ok=True,
@@ -137,6 +182,8 @@ class BillingRefresher:
             with reading(self.engine) as conn:
                 summary.drafts = invoices.drafts_to_finalize(conn)
             billing_watch.keep_late(self.engine, now=self.clock())
+            billing_watch.keep_unbilled(self.engine, now=self.clock())
+            billing_watch.keep_overlaps(self.engine, now=self.clock())
         except Exception as exc:
             stripe_runs.record_run(self.engine, stripe_runs.BILLING, ok=False,
                                    detail=str(exc), now=now)
@@ -169,6 +216,34 @@ class InvoiceFirst:
         return marked
 
 
+def _stale(conn: Connection, table: Any, events: Sequence[ThinEvent],
+           types: tuple[str, ...]) -> set[str]:
+    """The objects these events of ``types`` are about that were not read since (an event's
+    time is whole seconds, and our clock is not Stripe's: read within ``EVENT_SLACK`` of
+    it is not "since")."""
+    newest: dict[str, datetime] = {}
+    for e in events:
+        if e.type in types and e.related_id:
+            newest[e.related_id] = max(e.created, newest.get(e.related_id, e.created))
+    seen = invoices.last_read(conn, table, list(newest))
+    return {i for i, at in newest.items() if i not in seen or seen[i] < at + EVENT_SLACK}
+
+
+def receive_subscription(engine: Engine, gateway: StripeGateway, subscription_id: str, *,
+                         now: datetime) -> bool:
+    """A subscription Stripe says changed: read it (one call) and keep its metered items and
+    what decides whether its usage is invoiced; then judge again. Whether it has a metered
+    item."""
+    found = gateway.retrieve_subscription(subscription_id)
+    if not found:
+        return False
+    invoices.store_items(engine, found, now=now, complete=False)
+    billing_watch.keep_late(engine, now=now)
+    billing_watch.keep_unbilled(engine, now=now)
+    billing_watch.keep_overlaps(engine, now=now)
+    return True
+
+
 def receive_invoice(engine: Engine, gateway: StripeGateway, invoice_id: str, *,
                     now: datetime) -> bool:
     """A pushed invoice event: read that invoice and keep it (one call); whether it bills a
@@ -179,6 +254,7 @@ def receive_invoice(engine: Engine, gateway: StripeGateway, invoice_id: str, *,
     invoices.store_invoices(engine, [found], now=now)
     invoices.mark_invoice_first(engine)
     billing_watch.keep_late(engine, now=now)
+    billing_watch.keep_unbilled(engine, now=now)
     return True
 
 

@@ -1,16 +1,19 @@
 """The commands about Stripe's billing periods: ``periods`` (the periods that are closing and
-what of them Stripe has not accepted yet) and ``late`` (usage that came after its invoice was
-finalized). Thin, like the others: read, print."""
+what of them Stripe has not accepted yet), ``invoices`` (each finalized metered line against
+the project's own figure, and its verdict), ``late`` (usage that came after its invoice was
+finalized) and ``unbilled`` (usage that lands on no invoice). Thin, like the others: bring
+the judge up to date, read, print."""
 
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import date, datetime
 from typing import TYPE_CHECKING
 
 import click
 
 from ...db import reading
+from ...outbox.billing_watch import keep_unbilled
 from ...outbox.late import find_late
 from ...outbox.operations import RESOLVE_REASONS, OperationError
 from ...stripe_gateway import StripeCallFailed
@@ -79,22 +82,32 @@ def late(ctx: click.Context, as_json: bool) -> None:
     are still unsent): they are on no invoice. ``bill-next`` and ``write-off`` handle them."""
     if ctx.invoked_subcommand is not None:
         return
+    from ...outbox.evidence import as_number
     from ...outbox.late import late_events
+    from ...outbox.late_lines import short_lines
 
     svc = services()
     find_late(svc.engine, now=svc.clock())  # what was sent since the last look
     with reading(svc.engine) as conn:
         found = late_events(conn)
-    units = sum(e.quantity for e in found)
+        short = short_lines(conn)
+    units = sum(e.quantity for e in found) + sum(s.units for s in short)
     if as_json:
-        click.echo(json.dumps({"units": units, "events": [e.as_dict() for e in found]}))
+        click.echo(json.dumps({"units": as_number(units),
+                               "events": [e.as_dict() for e in found]
+                               + [s.as_dict() for s in short]}))
         return
     for e in found:
         click.echo(f"{e.id}  {e.tenant_id}  {e.stripe_customer_id}  {e.meter}  {e.quantity}  "
                    f"occurred {e.occurred_at.isoformat()}  "
                    + (f"sent {e.sent_at.isoformat()}" if e.sent_at else f"{e.status}")
                    + f"  invoice {e.invoice_id} finalized {e.finalized_at.isoformat()}")
-    click.echo(f"{len(found)} late event(s), {units} unit(s)")
+    for s in short:
+        click.echo(f"-  {s.tenant_id or '(no tenant)'}  {s.stripe_customer_id}  {s.meter}  "
+                   f"{as_number(s.units)}  invoice {s.invoice_id}'s line is short: Stripe took "
+                   f"these units before it finalized and left them off")
+    click.echo(f"{len(found)} late event(s), {len(short)} short line(s), "
+               f"{as_number(units)} unit(s)")
 
 
 def _said(result: LateResult, verb: str) -> None:
@@ -124,15 +137,33 @@ def late_bill_next(ids: tuple[int, ...], note: str) -> None:
 
 
 @late.command("write-off")
-@click.argument("ids", nargs=-1, type=int, required=True)
+@click.argument("ids", nargs=-1, type=int)
+@click.option("--line", "line", default=None, metavar="INVOICE_ID/ITEM_ID",
+              help="A short line's missing units instead of events.")
 @click.option("--reason", required=True, type=click.Choice(list(RESOLVE_REASONS)))
 @click.option("--note", required=True)
-def late_write_off(ids: tuple[int, ...], reason: str, note: str) -> None:
-    """Close late events unbilled, with a reason code and a note."""
+def late_write_off(ids: tuple[int, ...], line: str | None, reason: str, note: str) -> None:
+    """Close late events unbilled, with a reason code and a note; or, with ``--line``, the
+    units a short invoice line lacks (Stripe has those events: they are never sent again)."""
     from ...outbox.late import write_off
+    from ...outbox.late_lines import write_off_line
 
+    if bool(ids) == bool(line):
+        raise click.UsageError("give late event ids, or --line INVOICE_ID/ITEM_ID, not both")
     svc = services()
     try:
+        if line is not None:
+            invoice_id, sep, item_id = line.partition("/")
+            if not sep or not invoice_id or not item_id:
+                raise click.BadParameter("must be INVOICE_ID/ITEM_ID", param_hint="--line")
+            result = write_off_line(svc.engine, invoice_id, item_id, actor=actor(),
+                                    reason=reason, note=note, now=svc.clock())
+            if result.already:
+                click.echo(f"line {line}: handled before; nothing more done")
+            else:
+                click.echo(f"wrote off the units short on line {line}; "
+                           f"audit entry {result.audit_id}")
+            return
         result = write_off(svc.engine, ids, actor=actor(), reason=reason, note=note,
                            now=svc.clock())
     except OperationError as exc:
@@ -140,4 +171,72 @@ def late_write_off(ids: tuple[int, ...], reason: str, note: str) -> None:
     _said(result, "wrote off")
 
 
-COMMANDS: list[click.Command] = [periods, late]
+def _day_option(value: str | None, name: str) -> date | None:
+    if value is None:
+        return None
+    try:
+        return date.fromisoformat(value)
+    except ValueError as exc:
+        raise click.BadParameter(f"{value!r} is not a day (YYYY-MM-DD)",
+                                 param_hint=name) from exc
+
+
+@click.command("invoices")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--tenant", default=None, help="Only the lines of this tenant's customer.")
+@click.option("--from", "from_day", default=None, metavar="YYYY-MM-DD",
+              help="Finalized on or after this day (default: 35 days ago).")
+@click.option("--to", "to_day", default=None, metavar="YYYY-MM-DD",
+              help="Finalized on or before this day (default: today).")
+def invoices(as_json: bool, tenant: str | None, from_day: str | None,
+             to_day: str | None) -> None:
+    """Every finalized metered invoice line against the project's own figure for its
+    customer, meter and period: Stripe's quantity (invoiced), what Stripe took before the
+    finalization (ours), what reached it after or not at all (late), what may have reached it
+    on either side (uncertain), and the verdict."""
+    from ...outbox.evidence import as_number
+    from ...read.invoices import invoice_lines, window
+
+    svc = services()
+    now = svc.clock()
+    try:
+        lo, hi = window(_day_option(from_day, "--from"), _day_option(to_day, "--to"), now)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--from/--to") from exc
+    find_late(svc.engine, now=now)          # judge what changed since the last look
+    with reading(svc.engine) as conn:
+        found = invoice_lines(conn, lo, hi, tenant_id=tenant)
+    if as_json:
+        click.echo(json.dumps({"invoices": [line.as_dict() for line in found]}))
+        return
+    for line in found:
+        click.echo(f"{line.invoice_id}  {line.invoice_status}  {line.tenant_id or '(no tenant)'}  "
+                   f"{line.stripe_customer_id}  {line.meter}  {_day(line.period_start)} - "
+                   f"{_day(line.period_end)}  invoiced {as_number(line.invoiced)}  "
+                   f"ours {line.ours}  late {line.late}  uncertain {line.uncertain}  "
+                   f"{line.verdict}")
+    click.echo(f"{len(found)} finalized line(s) from {lo.date()} to {hi.date()}")
+
+
+@click.command("unbilled")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def unbilled(as_json: bool) -> None:
+    """Usage Stripe took that no invoice will carry: in a trial, while the subscription was
+    paused, after it ended without a final invoice, or with no metered item on the meter."""
+    from ...outbox.unbilled import unbilled_events
+
+    svc = services()
+    keep_unbilled(svc.engine, now=svc.clock())
+    with reading(svc.engine) as conn:
+        found = unbilled_events(conn)
+    units = sum(e.quantity for e in found)
+    if as_json:
+        click.echo(json.dumps({"units": units, "events": [e.as_dict() for e in found]}))
+        return
+    for e in found:
+        click.echo(f"{e.id}  {e.tenant_id}  {e.stripe_customer_id}  {e.meter}  {e.quantity}  "
+                   f"occurred {e.occurred_at.isoformat()}  {e.reason.replace('_', ' ')}")
+    click.echo(f"{len(found)} event(s), {units} unit(s) on no invoice")
+
+
+COMMANDS: list[click.Command] = [periods, invoices, late, unbilled]
