@@ -98,6 +98,7 @@ PAGES: tuple[Page, ...] = (
     Page("stripe", "/stripe", ("stripe_side.index",)),
     Page("periods", "/periods", ("periods.index",)),
     Page("periods-late", "/periods/late", ("periods.late_usage",)),
+    Page("invoices", "/invoices", ("invoices.index",)),
     Page("notifications", "/notifications", ("notifications.index",)),
     Page("audit", "/audit", ("audit.index",)),
     Page("users", "/users", ("users.index",)),

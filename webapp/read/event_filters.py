@@ -19,6 +19,15 @@ NONE = "-"
 WHY = {"unknown_past_window": "outcome unknown past the 24 h window",
        "exhausted": "retries exhausted", "permanent": "permanent error"}
 AGES = {"near": "within 7 days of Stripe's 35-day limit", "over": "past Stripe's 35-day limit"}
+#: Where an invoice line's events stand (``line`` with ``place``), in the words of the chip.
+PLACES = {"ours": "Stripe took before the invoice finalized",
+          "late": "reached Stripe after the invoice finalized, or not yet",
+          "uncertain": "may have reached Stripe on either side of the finalization"}
+#: Why usage lands on no invoice (``webapp.outbox.unbilled``), in words; ``any``: all of it.
+UNBILLED = {"any": "on no invoice", "trial": "on no invoice: used in a trial",
+            "paused": "on no invoice: the subscription was paused",
+            "ended": "on no invoice: the subscription ended without a final invoice",
+            "no_item": "on no invoice: no metered item on the meter"}
 #: The ``source`` filter's values beside ``http:<token name>``: each producer door.
 SOURCES = {"python": "Python (enqueue_usage)", "sql": "SQL (billing_outbox_enqueue)",
            "http": "the HTTP API (any token)"}
@@ -67,6 +76,12 @@ class EventFilters:
     report: str = ""  # a Stripe error report's id: the events its errors were traced to
     #: Where the events came from: ``python``, ``sql``, ``http`` or ``http:<token name>``.
     source: str = ""
+    #: An invoice line, ``<invoice id>/<subscription item id>``, and where its events stand
+    #: (:data:`PLACES`): the events behind one figure of the Invoices page.
+    line: str = ""
+    place: str = ""
+    #: Usage on no invoice, by why (:data:`UNBILLED`).
+    unbilled: str = ""
 
     def __post_init__(self) -> None:
         for s in self.status:
@@ -78,6 +93,14 @@ class EventFilters:
             raise ValueError(f"why must be one of {', '.join(WHY)}")
         if self.source and self.source not in SOURCES and not self.source.startswith("http:"):
             raise ValueError(f"source must be one of {', '.join(SOURCES)} or http:<token name>")
+        if bool(self.line) != bool(self.place):
+            raise ValueError("line and place go together")
+        if self.line and self.line.count("/") != 1:
+            raise ValueError("line must be <invoice id>/<subscription item id>")
+        if self.place and self.place not in PLACES:
+            raise ValueError(f"place must be one of {', '.join(PLACES)}")
+        if self.unbilled and self.unbilled not in UNBILLED:
+            raise ValueError(f"unbilled must be one of {', '.join(UNBILLED)}")
 
     def params(self) -> dict[str, Any]:
         """The filters in effect as query-string parameters (``url_for`` repeats a list)."""
@@ -85,7 +108,8 @@ class EventFilters:
         if self.status:
             out["status"] = list(self.status)
         for name in ("tenant", "customer", "meter", "age", "code", "error_class", "http", "why",
-                     "reject_code", "outcome", "request", "report", "source"):
+                     "reject_code", "outcome", "request", "report", "source", "line", "place",
+                     "unbilled"):
             if getattr(self, name):
                 out[name] = getattr(self, name)
         for name in DATE_FILTERS:
@@ -115,6 +139,8 @@ class EventFilters:
             return replace(self, attempts_min=None, attempts_max=None)
         if name == "period":
             return replace(self, period_start=None, period_end=None)
+        if name == "line":
+            return replace(self, line="", place="")
         default: Any = {f.name: f.default for f in fields(self)}[name]
         changes: dict[str, Any] = {name: default}
         return replace(self, **changes)
@@ -168,6 +194,11 @@ class EventFilters:
         if self.period_start is not None or self.period_end is not None:
             add("occurred in the billing period " + period_words(self.period_start,
                                                                   self.period_end), "period")
+        if self.line:
+            add(f"on the line of invoice {self.line.split('/')[0]}: {PLACES[self.place]}",
+                "line")
+        if self.unbilled:
+            add(UNBILLED[self.unbilled], "unbilled")
         return out
 
 

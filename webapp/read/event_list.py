@@ -16,7 +16,7 @@ from datetime import UTC, date, datetime, time, timedelta
 from operator import itemgetter
 from typing import Any
 
-from sqlalchemy import Connection, Engine, false, func, select
+from sqlalchemy import Connection, Engine, and_, false, func, or_, select
 
 from ..db import exporting, reading
 from ..outbox.sendable import WAITING
@@ -25,7 +25,10 @@ from ..outbox.sql import (
     ERROR_SAMPLES,
     IDLE_UNSENT,
     IN_FLIGHT_WHERE,
+    INVOICE_PERIODS,
+    LINE_EVENTS,
     TENANTS,
+    UNBILLED,
     T,
     row_dict,
     sql_str,
@@ -150,11 +153,42 @@ def _common(conn: Connection, f: EventFilters, now: datetime) -> list[Any]:
     if f.report:
         where.append(T.c.id.in_(select(ERROR_SAMPLES.c.event_id).where(
             ERROR_SAMPLES.c.stripe_event_id == f.report, ERROR_SAMPLES.c.event_id.is_not(None))))
+    if f.line:
+        where.append(_on_line(conn, f.line, f.place))
+    if f.unbilled:
+        found = select(UNBILLED.c.event_id)
+        if f.unbilled != "any":
+            found = found.where(UNBILLED.c.reason == f.unbilled)
+        where += [T.c.id.in_(found), status_is("sent")]
     if f.attempts_min is not None:
         where.append(T.c.attempt_count >= f.attempts_min)
     if f.attempts_max is not None:
         where.append(T.c.attempt_count <= f.attempts_max)
     return where
+
+
+def _on_line(conn: Connection, line: str, place: str) -> Any:
+    """The events behind one figure of an invoice line (``webapp.outbox.judge``): ``late``
+    and ``uncertain`` as the judge recorded them; ``ours`` the line's sent events of its
+    customer, meter and period but those."""
+    invoice_id, item_id = line.split("/", 1)
+    rows = select(LINE_EVENTS.c.event_id).where(LINE_EVENTS.c.invoice_id == invoice_id,
+                                               LINE_EVENTS.c.subscription_item_id == item_id)
+    late = or_(LINE_EVENTS.c.place == "late", LINE_EVENTS.c.settled == "late")
+    if place == "late":
+        return T.c.id.in_(rows.where(late))
+    unsettled = and_(LINE_EVENTS.c.place == "uncertain", LINE_EVENTS.c.settled.is_(None))
+    if place == "uncertain":
+        return T.c.id.in_(rows.where(unsettled))
+    found = conn.execute(select(INVOICE_PERIODS).where(
+        INVOICE_PERIODS.c.invoice_id == invoice_id,
+        INVOICE_PERIODS.c.subscription_item_id == item_id)).first()
+    if found is None or found.meter is None:
+        return false()
+    return and_(status_is("sent"), T.c.stripe_customer_id == found.stripe_customer_id,
+                T.c.meter == found.meter, T.c.occurred_at >= found.period_start,
+                T.c.occurred_at < found.period_end,
+                T.c.id.not_in(rows.where(or_(late, unsettled))))
 
 
 @dataclass(frozen=True)

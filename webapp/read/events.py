@@ -12,6 +12,7 @@ from ..db import reading
 from ..outbox.deferred import waits_for
 from ..outbox.meters import MeterInfo, known_meter
 from ..outbox.sql import ATTEMPTS, AUDIT, AUDIT_EVENTS, TENANTS, T, row_dict
+from .event_billing import EventBilling, event_billing
 from .stripe_side import samples_for_event
 from .words import answer_label
 
@@ -32,6 +33,8 @@ class EventDetail:
     #: The meter it waits for, as last listed (None when Stripe never listed it): why it
     #: cannot be sent to (inactive, pre-aggregated).
     meter: MeterInfo | None = None
+    #: Where its usage ended: on an invoice, late, on no invoice… (None before Stripe took it).
+    billing: EventBilling | None = None
 
 
 def event_detail(engine: Engine, event_id: int) -> EventDetail | None:
@@ -52,8 +55,9 @@ def event_detail(engine: Engine, event_id: int) -> EventDetail | None:
         event = row_dict(row)
         waits = waits_for(conn, event)
         meter = known_meter(conn, event["meter"]) if waits == "meter" else None
+        billing = event_billing(conn, event)
     return EventDetail(event, attempts, audit, row_dict(tenant) if tenant else None,
-                       samples, waits, meter)
+                       samples, waits, meter, billing)
 
 
 def _with_answer(attempt: dict[str, Any]) -> dict[str, Any]:

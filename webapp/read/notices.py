@@ -12,7 +12,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from ..config import NOTIFY_KINDS
-from .overview import Alert
+from .alerts import Alert
 
 #: The dashboard's pages the alerts link to, by endpoint (kept true by a test against the app).
 PAGES = {

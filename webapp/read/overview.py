@@ -9,17 +9,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
 
 from sqlalchemy import Connection, Engine, func, select
 
 from ..config import CHANNEL_NAMES
 from ..db import reading
 from ..outbox import stripe_runs
-from ..outbox.billing_watch import INVOICE_RISK, LATE, Watch, watched
+from ..outbox.billing_watch import Watch, watched
 from ..outbox.control import PauseState, pause_state
 from ..outbox.sendable import ON_ITS_WAY, WAITING
 from ..outbox.sql import ATTEMPTS, T, status_is
+from .alerts import EVENTS, Alert
+from .alerts import human as _human
+from .billing_alerts import billing_alerts
 from .counts import (
     UnmappedTenant,
     age_limits,
@@ -34,27 +36,6 @@ from .stripe_side import WaitingForMeter, waiting_for_meters
 from .words import pre_aggregated_words
 
 OLDEST_PENDING_ALERT = timedelta(minutes=15)
-
-
-#: The events list's endpoint: an alert's ``link`` to the events it counts.
-EVENTS = "events.find"
-
-
-@dataclass(frozen=True)
-class Alert:
-    level: str            # "critical" | "warning" | "info"
-    title: str
-    detail: str
-    link: str | None = None       # a page's endpoint name (the events list: its events)
-    params: dict[str, Any] = field(default_factory=dict)
-    #: The action that fixes it: its words, endpoint and parameters.
-    fix: str | None = None
-    fix_link: str | None = None
-    fix_params: dict[str, Any] = field(default_factory=dict)
-    #: The alert's stable kind (``webapp.config.NOTIFY_KINDS`` for those sent to people) and
-    #: how many rows it counts; not part of what is shown, so not compared.
-    kind: str | None = field(default=None, compare=False)
-    count: int | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -256,43 +237,6 @@ def sending_alert(h: Health) -> Alert | None:
                  kind=h.state, count=h.due)
 
 
-def invoice_at_risk(watch: dict[str, Watch], *, now: datetime,
-                    within: float) -> Watch | None:
-    """The invoice risk kept, while a draft with usage unsent finalizes within ``within``
-    seconds (None otherwise)."""
-    risk = watch.get(INVOICE_RISK)
-    if risk is None or not risk.events or risk.soonest_at is None:
-        return None
-    return risk if (risk.soonest_at - now).total_seconds() <= within else None
-
-
-def billing_alerts(watch: dict[str, Watch], *, now: datetime, within: float) -> list[Alert]:
-    """Usage that may miss its invoice, and usage that did (late, not handled yet)."""
-    out = []
-    risk = invoice_at_risk(watch, now=now, within=within)
-    if risk is not None:
-        when = ("is finalizing now" if risk.soonest_at is not None and risk.soonest_at <= now
-                else f"finalizes in {_human((risk.soonest_at - now).total_seconds())}"
-                if risk.soonest_at is not None else "finalizes soon")
-        out.append(Alert("critical", f"{risk.units:,} unit{'s' if risk.units != 1 else ''} "
-                         "may miss their invoice",
-                         f"{risk.events:,} event(s) of {risk.customers:,} customer(s) are not "
-                         f"at Stripe, and their draft invoice {when}. Usage that arrives "
-                         "after that is on no invoice.", "periods.index",
-                         fix="See what they wait for", fix_link="periods.index",
-                         kind="invoice_risk", count=risk.events))
-    late = watch.get(LATE)
-    if late is not None and late.events:
-        out.append(Alert("warning", f"Late usage: {late.units:,} unit"
-                         f"{'s' if late.units != 1 else ''} on no invoice",
-                         f"{late.events:,} event(s) of {late.customers:,} customer(s) reached "
-                         "Stripe after their invoice was final, or have not reached it. "
-                         "Bill them on the next invoice or write them off.",
-                         "periods.late_usage", fix="Review late usage",
-                         fix_link="periods.late_usage", kind="late_usage", count=late.events))
-    return out
-
-
 def _alerts(ov: AlertFacts, oldest_alert: timedelta) -> list[Alert]:
     """What needs a person: each alert links to the events it counts (the events list,
     filtered) and to the action that fixes it."""
@@ -389,10 +333,3 @@ def _alerts(ov: AlertFacts, oldest_alert: timedelta) -> list[Alert]:
                             kind="unmapped_waiting", count=sum(u.events for u in rest)))
     return alerts
 
-
-def _human(seconds: float) -> str:
-    seconds = int(seconds)
-    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= size:
-            return f"{seconds // size} {unit}"
-    return f"{seconds} s"

@@ -31,6 +31,7 @@ from ..outbox.rollups import SENT_USAGE, customer_key, live_sent, read_mark
 from ..outbox.sql import (
     IDLE_UNSENT,
     IN_FLIGHT_WHERE,
+    LATE_USAGE,
     PRUNED_ROLLUP,
     SENT_MONTHLY,
     SENT_ROLLUP,
@@ -40,6 +41,7 @@ from ..outbox.sql import (
     int_sum,
     sql_str,
     status_in,
+    status_is,
 )
 
 #: The usage table's columns. Rejected and cancelled events were accepted by Stripe but are
@@ -101,6 +103,22 @@ def usage_pieces(conn: Connection, start: date, end: date, tenant_id: str | None
                sql_str("processing" if in_flight_apart else "pending").label("status"), one,
                T.c.quantity)
         .where(IN_FLIGHT_WHERE, *span),
+    ]
+    # A late event billed on a later invoice is counted once, on the original: its copy
+    # (``late_usage.new_event_id``, webapp.outbox.late) is taken away wherever it counts.
+    copies = T.c.id.in_(select(LATE_USAGE.c.new_event_id)
+                        .where(LATE_USAGE.c.new_event_id.is_not(None)))
+    minus = sql_cast(literal_column("-1"), BigInteger).label("events")
+    taken = (-T.c.quantity).label("quantity")
+    sent.append(select(T.c.tenant_id, customer_key(T.c.stripe_customer_id), T.c.meter, minus,
+                       taken).where(status_is("sent"), copies, *span))
+    other += [
+        select(T.c.tenant_id, will_go, T.c.meter, T.c.status, minus, taken)
+        .where(unsent, IDLE_UNSENT, copies, *span),
+        select(T.c.tenant_id, customer_key(T.c.stripe_customer_id), T.c.meter,
+               sql_str("processing" if in_flight_apart else "pending").label("status"), minus,
+               taken)
+        .where(IN_FLIGHT_WHERE, copies, *span),
     ]
     # Resolved and cancelled events past retention, from the pruned-usage rollup (pruned
     # sent events stay in the sent rollups, read above).

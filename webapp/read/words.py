@@ -15,7 +15,8 @@ STATE_WORDS: dict[str, str] = {
     Status.PENDING: "Waiting to be sent to Stripe for the first time.",
     Status.PROCESSING: "Being sent to Stripe right now.",
     Status.RETRYING: "A try did not go through; it is tried again automatically.",
-    Status.SENT: "Stripe accepted it; billed unless Stripe later reports a problem.",
+    Status.SENT: "Stripe accepted it; billed on its period's invoice unless Stripe reports "
+                 "a problem.",
     Status.DEAD: "Sending stopped: a person must requeue or resolve it.",
     Status.REJECTED: "Stripe accepted it, then refused it: nothing was billed.",
     Status.RESOLVED: "Closed by a person with a reason; it will not be sent.",

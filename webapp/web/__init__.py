@@ -22,6 +22,7 @@ def register_blueprints(app: Flask) -> None:
         errors,
         events,
         health,
+        invoices,
         mappings_bulk,
         metrics,
         notifications,
@@ -44,7 +45,7 @@ def register_blueprints(app: Flask) -> None:
     templating.init_app(app)
     errors.init_app(app)
     for module in (health, metrics, webhook, api, auth, dashboard, tenants, dead_letters, rejected,
-                   events, search, reconciliation, periods, stripe_side, audit, users,
+                   events, search, reconciliation, periods, invoices, stripe_side, audit, users,
                    mappings_bulk, notifications, tokens):
         app.register_blueprint(module.bp)
     app.register_blueprint(auth.account_bp)

@@ -31,6 +31,7 @@ from .params import (
     Ids,
     Int,
     IntRange,
+    InvalidParameter,
     Text,
     accepts,
 )
@@ -67,9 +68,15 @@ REQUEST = Text("request", 255, pattern=r"[A-Za-z0-9_:~.-]+")
 REPORT = Text("report", 255)
 #: Where the events came from: python, sql, http or http:<token name>.
 SOURCE = Text("source", 120, pattern=r"python|sql|http|http:.+")
+#: An invoice line (``<invoice id>/<subscription item id>``) and where its events stand.
+LINE = Text("line", 511, pattern=r"[A-Za-z0-9_]+/[A-Za-z0-9_]+")
+PLACE = Text("place", 10, choices=event_filters.PLACES)
+#: Usage on no invoice, by why (``any``: all of it).
+UNBILLED = Text("unbilled", 10, choices=event_filters.UNBILLED)
 LIST_FILTERS = (STATUS, TENANT, CUSTOMER, METER, CREATED_FROM, CREATED_TO, OCCURRED_FROM,
                 OCCURRED_TO, SENT_FROM, SENT_TO, DUE, AGE, CODE, ERROR_CLASS, HTTP, WHY,
-                REJECT_CODE, OUTCOME, AUDIT_ID, ATTEMPTS, REQUEST, REPORT, PERIOD, SOURCE)
+                REJECT_CODE, OUTCOME, AUDIT_ID, ATTEMPTS, REQUEST, REPORT, PERIOD, SOURCE,
+                LINE, PLACE, UNBILLED)
 LIMIT = Int("limit", 1, lists.MAX_LIMIT, default=lists.DEFAULT_LIMIT, clamp=True)
 BEFORE = Int("before", 1, MAX_ID)
 
@@ -80,6 +87,9 @@ def list_filters() -> event_filters.EventFilters:
     lo, hi = attempts if attempts is not None else (None, None)
     period = PERIOD.get()
     start, end = period if period is not None else (None, None)
+    if bool(LINE.get()) != bool(PLACE.get()):
+        raise InvalidParameter("place", "goes with line: the events behind one figure of an "
+                                        "invoice line")
     return event_filters.EventFilters(
         status=STATUS.get(), tenant=TENANT.get(), customer=CUSTOMER.get(), meter=METER.get(),
         created_from=CREATED_FROM.get(), created_to=CREATED_TO.get(),
@@ -88,7 +98,8 @@ def list_filters() -> event_filters.EventFilters:
         code=CODE.get(), error_class=ERROR_CLASS.get(), http=HTTP.get(), why=WHY.get(),
         reject_code=REJECT_CODE.get(), outcome=OUTCOME.get(), audit=tuple(AUDIT_ID.get()),
         attempts_min=lo, attempts_max=hi, request=REQUEST.get(), report=REPORT.get(),
-        period_start=start, period_end=end, source=SOURCE.get())
+        period_start=start, period_end=end, source=SOURCE.get(), line=LINE.get(),
+        place=PLACE.get(), unbilled=UNBILLED.get())
 
 
 def _detail(event_id: int) -> EventDetail:

@@ -16,9 +16,9 @@ from ..config import STRIPE_API_BASE_DEFAULT, STRIPE_METER_EVENTS_BASE_DEFAULT
 from ..db import reading
 from ..outbox.billing_watch import watched
 from ..outbox.guards import REQUEUE_PAGE_WORDS
+from ..read.billing_alerts import invoice_at_risk
 from ..read.event_filters import source_words
 from ..read.health import Health, health
-from ..read.overview import invoice_at_risk
 from ..read.words import (
     CANCEL_WORDS,
     found_by_words,
@@ -112,6 +112,21 @@ def num(value: int | float | None) -> str:
     if isinstance(value, float):
         return f"{int(value):,}" if value.is_integer() else f"{value:,.2f}"
     return f"{value:,}"
+
+
+#: Currencies whose amounts Stripe gives in whole units (no minor unit): docs.stripe.com/currencies.
+ZERO_DECIMAL = frozenset({"bif", "clp", "djf", "gnf", "jpy", "kmf", "krw", "mga", "pyg", "rwf",
+                          "ugx", "vnd", "vuv", "xaf", "xof", "xpf"})
+
+
+def money(amount: int | None, currency: str | None) -> str:
+    """An amount Stripe gives in the currency's minor unit, as ``1,234.50 USD``."""
+    if amount is None:
+        return "—"
+    code = (currency or "").lower()
+    if code in ZERO_DECIMAL:
+        return f"{amount:,} {code.upper()}".strip()
+    return f"{amount / 100:,.2f} {code.upper()}".strip()
 
 
 def pct(value: float | None) -> str:
@@ -277,7 +292,7 @@ def stripe_keyed() -> bool:
 
 def init_app(app: Flask) -> None:
     app.jinja_env.autoescape = True  # every template, whatever its extension
-    app.jinja_env.filters.update(utc=fmt_utc, ago=fmt_age, num=num, pct=pct,
+    app.jinja_env.filters.update(utc=fmt_utc, ago=fmt_age, num=num, pct=pct, money=money,
                                  state_words=state_words, outcome_words=outcome_words,
                                  pre_aggregated_words=pre_aggregated_words,
                                  found_by_words=found_by_words)

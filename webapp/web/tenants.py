@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from datetime import UTC, date, datetime, time, timedelta
+from decimal import Decimal
 from typing import Any
 
 from flask import Blueprint, abort, flash, redirect, url_for
@@ -14,11 +15,13 @@ from ..db import reading
 from ..outbox import reconciliation as recon
 from ..outbox.operations import OperationError, mapping_problem, set_tenant
 from ..outbox.rollups import fold_margin
+from ..read import invoices as invoice_reads
 from ..read import mappings as mapping_reads
 from ..read import tenants as reads
 from ..read import usage_reports as reports
 from ..read import usage_table as table_reads
 from ..read.paging import MAX_PAGE
+from ..read.usage_sources import period_bounds
 from ..worker import ReportBusy, check_customers
 from ..worker import prepare_report as prepare_usage_report
 from . import charts
@@ -72,7 +75,10 @@ OTHER_STATUSES = tuple(s for s in reads.USAGE_STATUSES if s != "sent")
 CSV_HEADER = ["Tenant", "Tenant name", "Meter", "sent units", "Stripe units",
               "Stripe difference", "sent events", "Stripe customer"] + [
     f"{status} {what}" for status in OTHER_STATUSES for what in ("units", "events")] + [
-    "Stripe compared days", "Stripe compared at (UTC)", "our units on the compared days"]
+    "Stripe compared days", "Stripe compared at (UTC)", "our units on the compared days",
+    # Stripe's quantity on the finalized invoice lines (not voided) of the row's customer and
+    # meter whose billing period lies within the file's days; empty where there is none.
+    "invoiced_units"]
 
 
 def _period() -> tuple[date, date]:
@@ -239,8 +245,11 @@ def export() -> ResponseReturnValue:
                                                tenant_id=tenant)
     if TENANT.get():
         preamble.append(["Tenant", TENANT.get()])
+    lo, hi = period_bounds(start, end)
+    with reading(svc().engine) as conn:
+        invoiced = invoice_reads.invoiced_units(conn, None, lo, hi)
     return csv_response(f"usage-{start.isoformat()}-{end.isoformat()}.csv", CSV_HEADER,
-                        _csv_rows(rows), preamble=preamble)
+                        _csv_rows(rows, invoiced), preamble=preamble)
 
 
 def _report_for(start: date, end: date, report_id: int | None) -> reports.Report | None:
@@ -258,13 +267,18 @@ def _report_for(start: date, end: date, report_id: int | None) -> reports.Report
 NOT_COMPARED = "not compared yet"
 
 
-def _csv_rows(rows: Iterator[reads.UsageRow]) -> Iterator[list[Any]]:
+def _csv_rows(rows: Iterator[reads.UsageRow],
+              invoiced: dict[tuple[str, str], Decimal]) -> Iterator[list[Any]]:
     """Each row's cells (Stripe's units "not compared yet" and the difference empty where
-    nothing was compared), then a totals row per meter (summed as the rows go by: units of
-    different meters are never added together). Stripe's figures are per customer: tenants
-    billed to one customer each show the customer's, and the total counts it once."""
+    nothing was compared; the invoiced units of its customer and meter, empty where no
+    finalized line lies in the period), then a totals row per meter (summed as the rows go
+    by: units of different meters are never added together). Stripe's figures are per
+    customer: tenants billed to one customer each show the customer's, and the total counts
+    it once."""
     totals: dict[str, reads.UsageRow] = {}
     counted: set[tuple[str | None, str]] = set()
+    seen: set[tuple[str | None, str]] = set()
+    invoiced_totals: dict[str, Decimal] = {}
     for r in rows:
         total = totals.setdefault(r.meter, reads.UsageRow("", r.meter))
         for status in reads.USAGE_STATUSES:
@@ -277,9 +291,13 @@ def _csv_rows(rows: Iterator[reads.UsageRow]) -> Iterator[list[Any]]:
             total.stripe_units = (total.stripe_units or 0.0) + r.stripe_units
             total.compared_units = (total.compared_units or 0) + r.compared_units
             total.compared_days += r.compared_days
-        yield _csv_cells(r, r.tenant_id, r.name)
-    for _, total in sorted(totals.items()):
-        yield _csv_cells(total, "Total", "")
+        billed = invoiced.get((r.stripe_customer_id or "", r.meter))
+        if billed is not None and (r.stripe_customer_id, r.meter) not in seen:
+            seen.add((r.stripe_customer_id, r.meter))
+            invoiced_totals[r.meter] = invoiced_totals.get(r.meter, Decimal(0)) + billed
+        yield _csv_cells(r, r.tenant_id, r.name) + [_figure(billed)]
+    for meter, total in sorted(totals.items()):
+        yield _csv_cells(total, "Total", "") + [_figure(invoiced_totals.get(meter))]
 
 
 def _csv_cells(r: reads.UsageRow, first: str, name: str | None) -> list[Any]:
@@ -295,11 +313,11 @@ def _csv_cells(r: reads.UsageRow, first: str, name: str | None) -> list[Any]:
                     r.compared_units if compared else ""]
 
 
-def _figure(value: float | None) -> int | float | str:
+def _figure(value: float | Decimal | None) -> int | float | str:
     """A figure of Stripe's as it reads best: whole numbers without a decimal point."""
     if value is None:
         return ""
-    return int(value) if float(value).is_integer() else round(value, 6)
+    return int(value) if float(value).is_integer() else round(float(value), 6)
 
 
 @bp.get("/tenants/<tenant:tenant_id>")
