@@ -222,11 +222,12 @@ def test_an_outage_across_the_period_end_is_billed_next_or_written_off_once(
     assert invoiced == sum(units[i] for i in on_time + copies)
 
     # Reconciliation stays exact: the originals and their copies each count at Stripe in the
-    # hour they are stamped with, as here.
+    # hour they are stamped with, as here. Asked a day later: every day they fall on is
+    # settled, whatever the time of day the test runs at (a day's bucket ends at midnight).
     run = reconcile(world.engine, world.gateway, world.settings, trigger="cli",
-                    now=world.clock() + timedelta(hours=2))
+                    now=world.clock() + timedelta(days=1))
     assert run.errors == [] and run.comparison.mismatches == []
-    assert run.comparison.checked >= 2
+    assert run.comparison.checked >= 1 and run.comparison.pending == 0
 
 
 def test_the_invoice_events_read_the_invoices_again(world: World, engine: Engine) -> None:

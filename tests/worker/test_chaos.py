@@ -330,12 +330,20 @@ def run_chaos(pg_url: str, pg: Engine, fake_stripe: FakeStripe, tmp_path: Path, 
             e.start()
         outages = [(9.0, 1.5), (19.0, 1.0)]
         next_kill = t0 + rng.uniform(2.0, 4.0)
+        # One of each kind of fault for certain, beside the random ones: on a busy machine
+        # fewer requests go out (streams carry 100 events each), and a 2% kind may not come up.
+        queued = False
         expiries = list(TOKEN_EXPIRIES) if stream else []
         while any(e.is_alive() for e in enqueuers) and time.monotonic() - t0 < 60:
             now = time.monotonic()
             if expiries and now - t0 >= expiries[0]:
                 fake_stripe.expire_stream_tokens()
                 expiries.pop(0)
+            if not queued and now - t0 >= 5.0:
+                for kind in ("503", "drop", "500"):
+                    fake_stripe.fail_next(kind)
+                fake_stripe.fail_next("429", retry_after=0.2)
+                queued = True
             if now >= next_kill and now - t0 < KILLS_UNTIL:
                 fleet.kill_one(rng, pg)
                 next_kill = now + rng.uniform(2.0, 5.0)
@@ -422,7 +430,9 @@ def run_chaos(pg_url: str, pg: Engine, fake_stripe: FakeStripe, tmp_path: Path, 
         assert fake_stripe.stream_duplicates() > 0  # resent after a lost answer, skipped
         expired = [e for e in log if e["status"] == 401]
         assert expired, "no request met an expired session"
-        assert fake_stripe.stream_sessions() > fleet.started
+        # Every worker alive at the end made a session, and the expiries made more (a worker
+        # killed on a busy machine before its first request made none).
+        assert fake_stripe.stream_sessions() > fleet.started - fleet.kills
     else:
         assert fake_stripe.duplicate_identifier_rejections() > 0
     assert sum(e.duplicates for e in enqueuers) > 20

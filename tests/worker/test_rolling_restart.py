@@ -58,6 +58,17 @@ class Producer(threading.Thread):
             self.error = exc
 
 
+def is_up(engine: Engine, pid: int) -> bool:
+    """Whether the worker with process id ``pid`` is in its loop (its SIGTERM handler is in
+    place): its first heartbeat is written from there. A busy machine can take seconds to
+    start a Python process; terminated before, it would die of the signal's default."""
+    from webapp.models import DrainerHeartbeat
+
+    with engine.connect() as conn:
+        names = conn.execute(select(DrainerHeartbeat.__table__.c.name)).scalars().all()
+    return any(name.split(":")[1:2] == [str(pid)] for name in names)
+
+
 def held_by(engine: Engine, pid: int) -> int:
     """Claims still ``processing`` under the worker with process id ``pid``."""
     with engine.connect() as conn:
@@ -114,6 +125,8 @@ def test_rolling_restart_loses_and_doubles_nothing(pg_url: str, fake_stripe: Any
             for i, old in enumerate(current):
                 fresh.append(start(generation, i))  # the new one first, then the old goes
                 time.sleep(0.5)
+                wait_for(lambda p=old.pid: is_up(direct, p), 60,  # type: ignore[misc]
+                         message=f"worker {old.pid} in its loop")
                 old.terminate()
                 code = old.wait(timeout=40)
                 retired.append((old.pid, code, held_by(direct, old.pid)))
@@ -134,6 +147,8 @@ def test_rolling_restart_loses_and_doubles_nothing(pg_url: str, fake_stripe: Any
         # Well before any claim could expire (120 s): nothing waited for the rescuer.
         wait_for(all_sent, 30, interval=0.2, message="every committed event sent")
         for proc in current:
+            wait_for(lambda p=proc.pid: is_up(direct, p), 60,  # type: ignore[misc]
+                     message=f"worker {proc.pid} in its loop")
             proc.terminate()
             retired.append((proc.pid, proc.wait(timeout=40), held_by(direct, proc.pid)))
 
