@@ -86,10 +86,10 @@ def keep_invoice_risk(engine: Engine, *, now: datetime, within: timedelta) -> Wa
     return watch
 
 
-def keep_late(engine: Engine, *, now: datetime) -> Watch:
-    """Record the late sent events found since the last scan (:func:`.late.find_late`), then
-    work out ``late`` and keep it."""
-    find_late(engine, now=now)
+def keep_late(engine: Engine, *, now: datetime, revisit: bool = False) -> Watch:
+    """Judge what changed since the last look (:func:`.late.find_late`; ``revisit``: the lines
+    still open to question too), then work out ``late`` and keep it."""
+    find_late(engine, now=now, revisit=revisit)
     with engine.begin() as conn:
         found = late_events(conn)
         short = short_lines(conn)

@@ -30,8 +30,11 @@ from typing import Any
 from sqlalchemy import (
     Connection,
     Engine,
+    Integer,
+    String,
     and_,
     bindparam,
+    column,
     delete,
     func,
     insert,
@@ -39,6 +42,7 @@ from sqlalchemy import (
     or_,
     select,
     union_all,
+    values,
 )
 from sqlalchemy import update as sa_update
 
@@ -116,12 +120,15 @@ class Line:
         return (self.invoice_id, self.item_id)
 
 
-def judge(engine: Engine, *, now: datetime) -> JudgeSummary:
-    """One pass (see the module's docstring). Safe to run from several processes at once:
-    each line's verdict is written in one transaction, from what it read."""
+def judge(engine: Engine, *, now: datetime, revisit: bool = True) -> JudgeSummary:
+    """One pass (see the module's docstring). ``revisit``: the lines still open to question
+    are judged again too — the scheduled pass after each read of Stripe's invoices does; a
+    command or an action about to list late usage need not (what it lists is read live).
+    Safe to run from several processes at once: each line's verdict is written in one
+    transaction, from what it read."""
     with engine.connect() as conn:
         mark = stripe_runs.run_status(conn, stripe_runs.JUDGE_MARK).ran_at
-        wanted = _lines_to_judge(conn, mark, now)
+        wanted = _lines_to_judge(conn, mark, now, revisit=revisit)
     summary = JudgeSummary()
     for start in range(0, len(wanted), BATCH):
         with engine.begin() as conn:
@@ -147,13 +154,14 @@ def _finalized() -> Any:
     return L.c.finalized_at.is_not(None)
 
 
-def _lines_to_judge(conn: Connection, mark: datetime | None,
-                    now: datetime) -> list[tuple[str, str]]:
+def _lines_to_judge(conn: Connection, mark: datetime | None, now: datetime, *,
+                    revisit: bool) -> list[tuple[str, str]]:
     """The lines a pass judges (see the module's docstring), by (invoice, item)."""
     keys = select(L.c.invoice_id, L.c.subscription_item_id)
-    parts = [keys.where(_finalized(), L.c.judged_at.is_(None)),
-             keys.where(_finalized(), L.c.finalized_at > now - OPEN_QUESTIONS,
-                        or_(L.c.late_events > 0, L.c.uncertain_events > 0))]
+    parts = [keys.where(_finalized(), L.c.judged_at.is_(None))]
+    if revisit:
+        parts.append(keys.where(_finalized(), L.c.finalized_at > now - OPEN_QUESTIONS,
+                                or_(L.c.late_events > 0, L.c.uncertain_events > 0)))
     if mark is not None:
         since = mark - SCAN_OVERLAP
         parts.append(keys.select_from(T).join(L, and_(
@@ -272,12 +280,7 @@ def _events(conn: Connection, lines: Sequence[Line]
     found: defaultdict[tuple[str, str], list[tuple[int, Calls, int]]] = defaultdict(list)
     if not lines:
         return found
-    at = T.c.occurred_at.type
-    lw = union_all(*[select(literal(i).label("k"), literal(ln.customer).label("customer"),
-                            literal(ln.meter).label("meter"),
-                            literal(ln.start, at).label("start"),
-                            literal(ln.end, at).label("end"))
-                     for i, ln in enumerate(lines)]).subquery("lw")
+    lw = _lines_table(conn, lines)
     in_period = and_(T.c.meter == lw.c.meter, T.c.occurred_at >= lw.c.start,
                      T.c.occurred_at < lw.c.end)
     sent = (select(lw.c.k, *_EVENT_COLUMNS).select_from(lw)
@@ -297,6 +300,24 @@ def _events(conn: Connection, lines: Sequence[Line]
             str(r.status), as_utc(r.first_attempt_at), as_utc(r.first_unknown_at),
             as_utc(r.sent_at)), int(r.quantity)))
     return found
+
+
+def _lines_table(conn: Connection, lines: Sequence[Line]) -> Any:
+    """The lines as a table (k, customer, meter, start, end) to join to the outbox: a
+    ``VALUES`` list on PostgreSQL (planned in a moment, where a ``UNION ALL`` of a select per
+    line cost more to plan than to run), selects of literals on SQLite (which takes no column
+    names after a ``VALUES`` list's alias)."""
+    at = T.c.occurred_at.type
+    if conn.dialect.name == "postgresql":
+        return values(column("k", Integer), column("customer", String),
+                      column("meter", String), column("start", at), column("end", at),
+                      name="lw").data([(i, ln.customer, ln.meter, ln.start, ln.end)
+                                       for i, ln in enumerate(lines)])
+    return union_all(*[select(literal(i).label("k"), literal(ln.customer).label("customer"),
+                              literal(ln.meter).label("meter"),
+                              literal(ln.start, at).label("start"),
+                              literal(ln.end, at).label("end"))
+                       for i, ln in enumerate(lines)]).subquery("lw")
 
 
 def _calls(conn: Connection, events: Sequence[tuple[int, Calls, int]]) -> dict[int, list[Call]]:

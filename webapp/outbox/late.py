@@ -113,11 +113,12 @@ def _utc(value: Any) -> datetime:
     return found
 
 
-def find_late(engine: Engine, *, now: datetime) -> int:
+def find_late(engine: Engine, *, now: datetime, revisit: bool = False) -> int:
     """Judge what changed since the last look (:func:`.judge.judge`): the finalized lines not
-    judged yet, and those whose period had an event sent since. How many lines were judged.
-    Run after each read of Stripe's invoices and before late usage is listed."""
-    return judge(engine, now=now).lines
+    judged yet, and those whose period had an event sent since (with ``revisit``, the lines
+    still open to question too: the scheduled pass). How many lines were judged. Run after
+    each read of Stripe's invoices and before late usage is listed."""
+    return judge(engine, now=now, revisit=revisit).lines
 
 
 def _handled() -> Any:

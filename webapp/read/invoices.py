@@ -4,7 +4,7 @@ lines' table through its indexes (finalized, by verdict); nothing is summed per 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
@@ -124,6 +124,16 @@ def invoice_lines(conn: Connection, lo: datetime, hi: datetime, *,
                   after: tuple[datetime, str, str] | None = None) -> list[InvoiceLine]:
     """The lines finalized in [lo, hi), newest first (then by invoice and item); after the
     line ``after`` (its finalization, invoice, item) for the next page."""
+    return list(stream_lines(conn, lo, hi, tenant_id=tenant_id, customer=customer,
+                             verdict=verdict, limit=limit, after=after))
+
+
+def stream_lines(conn: Connection, lo: datetime, hi: datetime, *,
+                 tenant_id: str | None = None, customer: str | None = None,
+                 verdict: str | None = None, limit: int | None = None,
+                 after: tuple[datetime, str, str] | None = None) -> Iterator[InvoiceLine]:
+    """:func:`invoice_lines` as they are read (a server-side cursor on PostgreSQL, a
+    thousand rows at a time): a command printing every line of a window starts at once."""
     stmt = (select(L, INVOICES.c.status.label("invoice_status"), INVOICES.c.currency,
                    _tenant().label("tenant_id"))
             .join(INVOICES, INVOICES.c.id == L.c.invoice_id)
@@ -136,7 +146,8 @@ def invoice_lines(conn: Connection, lo: datetime, hi: datetime, *,
                                    literal(after[1]), literal(after[2])))
     if limit is not None:
         stmt = stmt.limit(limit)
-    return [_line(r) for r in conn.execute(stmt)]
+    for r in conn.execution_options(yield_per=1000).execute(stmt):
+        yield _line(r)
 
 
 def one_line(conn: Connection, invoice_id: str, item_id: str) -> InvoiceLine | None:

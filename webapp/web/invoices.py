@@ -13,7 +13,7 @@ from flask import Blueprint, url_for
 from flask.typing import ResponseReturnValue
 
 from ..db import reading
-from ..outbox.billing_watch import watched
+from ..outbox.billing_watch import OVERLAPS, watched
 from ..outbox.evidence import VERDICTS
 from ..read.invoices import NOT_JUDGED, PAGE, InvoiceLine, invoice_lines, verdict_counts, window
 from ..read.periods import overlaps
@@ -89,7 +89,9 @@ def index() -> ResponseReturnValue:
                               limit=PAGE + 1, after=_after())
         counts = verdict_counts(conn, lo, hi, tenant_id=tenant)
         watch = watched(conn)
-        doubled = overlaps(conn, limit=20)
+        # Listed only while the kept figure says some exist (no grouping per view).
+        kept = watch.get(OVERLAPS)
+        doubled = overlaps(conn, limit=20) if kept is not None and kept.customers else []
     more = len(lines) > PAGE
     lines = lines[:PAGE]
     params: dict[str, Any] = {"tenant": tenant, "verdict": verdict,

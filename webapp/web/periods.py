@@ -41,7 +41,8 @@ def index() -> ResponseReturnValue:
     settings = svc().settings
     with reading(svc().engine) as conn:
         page = periods_page(conn, now(), after=AFTER.get() or None)
-        doubled = overlaps(conn, limit=20)
+        kept = page.watch.get(billing_watch.OVERLAPS)
+        doubled = overlaps(conn, limit=20) if kept is not None and kept.customers else []
     # Events "on the way" are not, while sending is stopped: say so beside them.
     sending = chrome()["health"]
     stopped = STOPPED.get(sending.state) if sending is not None else None

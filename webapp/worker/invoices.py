@@ -181,7 +181,7 @@ class BillingRefresher:
             summary.marked, summary.unmarked = invoices.mark_invoice_first(self.engine)
             with reading(self.engine) as conn:
                 summary.drafts = invoices.drafts_to_finalize(conn)
-            billing_watch.keep_late(self.engine, now=self.clock())
+            billing_watch.keep_late(self.engine, now=self.clock(), revisit=subscriptions)
             billing_watch.keep_unbilled(self.engine, now=self.clock())
             billing_watch.keep_overlaps(self.engine, now=self.clock())
         except Exception as exc:

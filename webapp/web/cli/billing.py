@@ -195,7 +195,7 @@ def invoices(as_json: bool, tenant: str | None, from_day: str | None,
     finalization (ours), what reached it after or not at all (late), what may have reached it
     on either side (uncertain), and the verdict."""
     from ...outbox.evidence import as_number
-    from ...read.invoices import invoice_lines, window
+    from ...read.invoices import stream_lines, window
 
     svc = services()
     now = svc.clock()
@@ -203,19 +203,26 @@ def invoices(as_json: bool, tenant: str | None, from_day: str | None,
         lo, hi = window(_day_option(from_day, "--from"), _day_option(to_day, "--to"), now)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--from/--to") from exc
-    find_late(svc.engine, now=now)          # judge what changed since the last look
+    find_late(svc.engine, now=now)          # judge the lines read since the last look
+    count = 0
     with reading(svc.engine) as conn:
-        found = invoice_lines(conn, lo, hi, tenant_id=tenant)
+        # Printed as they are read: a window of 100,000 lines starts at once.
+        if as_json:
+            click.echo('{"invoices": [', nl=False)
+        for line in stream_lines(conn, lo, hi, tenant_id=tenant):
+            if as_json:
+                click.echo((", " if count else "") + json.dumps(line.as_dict()), nl=False)
+            else:
+                click.echo(f"{line.invoice_id}  {line.invoice_status}  "
+                           f"{line.tenant_id or '(no tenant)'}  {line.stripe_customer_id}  "
+                           f"{line.meter}  {_day(line.period_start)} - {_day(line.period_end)}"
+                           f"  invoiced {as_number(line.invoiced)}  ours {line.ours}  "
+                           f"late {line.late}  uncertain {line.uncertain}  {line.verdict}")
+            count += 1
     if as_json:
-        click.echo(json.dumps({"invoices": [line.as_dict() for line in found]}))
+        click.echo("]}")
         return
-    for line in found:
-        click.echo(f"{line.invoice_id}  {line.invoice_status}  {line.tenant_id or '(no tenant)'}  "
-                   f"{line.stripe_customer_id}  {line.meter}  {_day(line.period_start)} - "
-                   f"{_day(line.period_end)}  invoiced {as_number(line.invoiced)}  "
-                   f"ours {line.ours}  late {line.late}  uncertain {line.uncertain}  "
-                   f"{line.verdict}")
-    click.echo(f"{len(found)} finalized line(s) from {lo.date()} to {hi.date()}")
+    click.echo(f"{count} finalized line(s) from {lo.date()} to {hi.date()}")
 
 
 @click.command("unbilled")
