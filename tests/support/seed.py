@@ -7,7 +7,7 @@ import itertools
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Engine, func, insert, select
+from sqlalchemy import Connection, Engine, func, insert, select
 
 from webapp.models import AuditEntry, Control, DeliveryAttempt, OutboxEvent, Tenant, User, utcnow
 from webapp.read.audit import NOT_SIGN_IN
@@ -23,7 +23,11 @@ class Seed:
         self.engine = engine
         self._keys = itertools.count(1)
 
-    def event(self, **kw: Any) -> int:
+    def event(self, conn: Connection | None = None, **kw: Any) -> int:
+        """One event (in ``conn``'s transaction when given, else in one of its own)."""
+        if conn is None:
+            with self.engine.begin() as own:
+                return self.event(own, **kw)
         now = kw.pop("now", None) or utcnow()
         status = kw.get("status", "pending")
         n = next(self._keys)
@@ -49,17 +53,21 @@ class Seed:
                        last_http_status=429, last_error_code="rate_limit",
                        next_attempt_at=now + timedelta(minutes=5), first_attempt_at=now)
         row.update(kw)
-        with self.engine.begin() as conn:
-            if status != "pending" and "stripe_customer_id" not in kw:
-                # Attempted: the customer its tenant was mapped to is fixed on it, as a
-                # claim does.
-                row["stripe_customer_id"] = conn.execute(
-                    select(TENANTS.c.stripe_customer_id)
-                    .where(TENANTS.c.tenant_id == row["tenant_id"])).scalar()
-            return int(conn.execute(insert(T).values(**row).returning(T.c.id)).scalar_one())
+        if status != "pending" and "stripe_customer_id" not in kw:
+            # Attempted: the customer its tenant was mapped to is fixed on it, as a claim
+            # does.
+            row["stripe_customer_id"] = conn.execute(
+                select(TENANTS.c.stripe_customer_id)
+                .where(TENANTS.c.tenant_id == row["tenant_id"])).scalar()
+        return int(conn.execute(insert(T).values(**row).returning(T.c.id)).scalar_one())
 
-    def events(self, n: int, **kw: Any) -> list[int]:
-        return [self.event(**kw) for _ in range(n)]
+    def events(self, n: int, *, together: bool = False, **kw: Any) -> list[int]:
+        """``n`` events, each committed on its own, or all in one transaction (``together``:
+        a reader never sees part of them)."""
+        if not together:
+            return [self.event(**kw) for _ in range(n)]
+        with self.engine.begin() as conn:
+            return [self.event(conn, **kw) for _ in range(n)]
 
     def attempt(self, event_id: int, **kw: Any) -> None:
         row: dict[str, Any] = dict(event_id=event_id, attempted_at=utcnow(), duration_ms=120,
