@@ -96,10 +96,11 @@ class Fleet:
         self.procs = [self.start() for _ in range(n)]
 
     def kill_one(self, rng: random.Random, engine: Engine) -> None:
-        """SIGKILL a worker, one caught holding claims if any does within half a second, and
-        start another. Counts the claims the kill stranded (still ``processing`` under the
-        dead worker's name): only the rescuer can bring those back."""
-        deadline = time.monotonic() + 0.5
+        """SIGKILL a worker, one caught holding claims if any does within three seconds (a
+        busy machine's workers claim less often), and start another. Counts the claims the
+        kill stranded (still ``processing`` under the dead worker's name): only the rescuer
+        can bring those back."""
+        deadline = time.monotonic() + 3.0
         while True:
             holding = self._holding(engine)
             if holding or time.monotonic() >= deadline:

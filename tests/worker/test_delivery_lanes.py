@@ -118,8 +118,10 @@ def test_a_sigkilled_workers_lane_is_free_at_once(
     lane = LANES[0]
     keys = enqueue_round_robin(pg, 30, "kill", lanes=[lane])
     fake_stripe.set_latency(2.0)
+    # A claim long enough that a busy machine's new worker, started after the kill, still
+    # sends before it: the lane is what must be free at once, not the dead claims.
     env = worker_env(pg_url, fake_stripe.base_url, OUTBOX_BATCH_SIZE="2",
-                     OUTBOX_CONCURRENCY="2")
+                     OUTBOX_CONCURRENCY="2", OUTBOX_CLAIM_TIMEOUT_SECONDS="180")
     victim = start_worker(env, tmp_path / "victim.log")
     workers.append(victim)
 
@@ -157,7 +159,7 @@ def test_a_sigkilled_workers_lane_is_free_at_once(
     fake_stripe.set_latency(0.01)
     workers.append(start_worker(env, tmp_path / "rescuer.log"))
     others = set(keys) - {k for k, _ in held}
-    wait_for(lambda: others <= set(fake_stripe.accepted()), 20,
+    wait_for(lambda: others <= set(fake_stripe.accepted()), 90,
              message="the lane's other events sent by another worker")
     assert utcnow() < deadline, "should have gone out well before the dead claim's deadline"
     with pg.connect() as conn:
