@@ -41,6 +41,7 @@ from sqlalchemy import (
     literal,
     or_,
     select,
+    tuple_,
     union_all,
     values,
 )
@@ -365,9 +366,9 @@ def _write(conn: Connection, lines: Sequence[Line], updates: list[dict[str, Any]
     # One statement, many parameter sets; the SET clause is the parameters' other keys.
     conn.execute(sa_update(L).where(L.c.invoice_id == bindparam("b_invoice"),
                                     L.c.subscription_item_id == bindparam("b_item")), updates)
-    for ln in lines:
-        conn.execute(delete(LINE_EVENTS).where(LINE_EVENTS.c.invoice_id == ln.invoice_id,
-                                               LINE_EVENTS.c.subscription_item_id == ln.item_id))
+    conn.execute(delete(LINE_EVENTS).where(
+        tuple_(LINE_EVENTS.c.invoice_id, LINE_EVENTS.c.subscription_item_id)
+        .in_([ln.key for ln in lines])))
     if rows:
         for start in range(0, len(rows), 500):
             conn.execute(insert(LINE_EVENTS), rows[start:start + 500])
