@@ -30,7 +30,7 @@ from typing import Any
 from .common import RESULTS_DIR, ROOT, BenchDatabase, BenchFailure, Row, nproc, sources_digest
 
 SECTIONS = ("drain", "enqueue", "ingest", "e2e", "memory", "dashboard", "money", "periods",
-            "scale", "claim")
+            "scale", "claim", "invoices")
 DEFAULT = ("drain", "enqueue", "ingest", "e2e", "memory", "dashboard", "money", "periods")
 
 #: Where ``bench/RESULTS.md`` keeps the scale section's figures (see ``main``).
@@ -48,6 +48,7 @@ SIZES = {
     "periods": (100_000, 10_000),        # Stripe customers with a metered subscription
     "scale": (10_000_000, 500_000),      # outbox rows over 400 days; not in DEFAULT
     "claim": (10_000_000, 500_000),      # outbox rows; the claim old and new; not in DEFAULT
+    "invoices": (100_000, 10_000),       # customers (10M / 500k events); not in DEFAULT
 }
 
 
@@ -201,6 +202,11 @@ def main(argv: list[str] | None = None) -> int:
 
                 res = claim_cost.run(db, rows=size["claim"], runs=args.runs, log=log)
                 rows += claim_cost.rows(res)
+            elif section == "invoices":
+                from . import invoices
+
+                res = invoices.run(db, customers=size["invoices"], runs=args.runs, log=log)
+                rows += invoices.rows(res)
             elif section == "scale":
                 from . import scale
 
