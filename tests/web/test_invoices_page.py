@@ -137,3 +137,27 @@ def test_an_event_page_says_where_its_usage_ended(engine: Engine, app: Flask,
     written = words(second)
     assert "written off" in written and "will not be billed" in written
     assert "billed unless" not in written
+
+
+def test_the_usage_file_carries_the_invoiced_units(engine: Engine, app: Flask,
+                                                   client_as: Client) -> None:
+    """``invoiced_units``: Stripe's quantity on the finalized lines of the row's customer and
+    meter whose period lies within the file's days; empty where none does."""
+    import csv
+    import io
+
+    now = utcnow().replace(microsecond=0)
+    finalized_period(engine, now=now)             # in_A: 10 units, a period ending 3 h ago
+    viewer = client_as("viewer")
+
+    def invoiced(start: str, end: str) -> dict[str, str]:
+        body = viewer.get(f"/tenants.csv?from={start}&to={end}").get_data(as_text=True)
+        rows = list(csv.reader(io.StringIO(body)))
+        header = rows[0] if rows[0][0] == "Tenant" else next(r for r in rows if r[:1] == ["Tenant"])
+        at = header.index("invoiced_units")
+        return {r[0]: r[at] for r in rows[rows.index(header) + 1:] if r and r[0] != "Total"}
+
+    whole = (now - timedelta(days=31)).date().isoformat(), now.date().isoformat()
+    assert invoiced(*whole) == {"acme": "10"}
+    part = (now - timedelta(days=5)).date().isoformat(), now.date().isoformat()
+    assert invoiced(*part) == {"acme": ""}       # the period does not lie within those days
