@@ -181,6 +181,10 @@ def _day_option(value: str | None, name: str) -> date | None:
                                  param_hint=name) from exc
 
 
+#: Lines ``invoices`` prints in one write.
+ECHO_BATCH = 1000
+
+
 @click.command("invoices")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--tenant", default=None, help="Only the lines of this tenant's customer.")
@@ -206,19 +210,27 @@ def invoices(as_json: bool, tenant: str | None, from_day: str | None,
     find_late(svc.engine, now=now)          # judge the lines read since the last look
     count = 0
     with reading(svc.engine) as conn:
-        # Printed as they are read: a window of 100,000 lines starts at once.
+        # Printed as they are read, a thousand at a time: a window of 100,000 lines starts
+        # at once, and the terminal is not flushed line by line.
         if as_json:
             click.echo('{"invoices": [', nl=False)
+        batch: list[str] = []
         for line in stream_lines(conn, lo, hi, tenant_id=tenant):
             if as_json:
-                click.echo((", " if count else "") + json.dumps(line.as_dict()), nl=False)
+                batch.append((", " if count else "") + json.dumps(line.as_dict()))
             else:
-                click.echo(f"{line.invoice_id}  {line.invoice_status}  "
-                           f"{line.tenant_id or '(no tenant)'}  {line.stripe_customer_id}  "
-                           f"{line.meter}  {_day(line.period_start)} - {_day(line.period_end)}"
-                           f"  invoiced {as_number(line.invoiced)}  ours {line.ours}  "
-                           f"late {line.late}  uncertain {line.uncertain}  {line.verdict}")
+                batch.append(f"{line.invoice_id}  {line.invoice_status}  "
+                             f"{line.tenant_id or '(no tenant)'}  {line.stripe_customer_id}  "
+                             f"{line.meter}  {_day(line.period_start)} - "
+                             f"{_day(line.period_end)}  invoiced {as_number(line.invoiced)}  "
+                             f"ours {line.ours}  late {line.late}  "
+                             f"uncertain {line.uncertain}  {line.verdict}\n")
             count += 1
+            if len(batch) == ECHO_BATCH or count == 1:
+                click.echo("".join(batch), nl=False)
+                batch.clear()
+        if batch:
+            click.echo("".join(batch), nl=False)
     if as_json:
         click.echo("]}")
         return
