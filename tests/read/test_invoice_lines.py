@@ -75,8 +75,8 @@ def test_the_command_prints_every_line_in_batches(engine: Engine, db_url: str,
     now = utcnow().replace(microsecond=0)
     _lines(engine, now)
     monkeypatch.setattr(billing, "ECHO_BATCH", 2)
-    app = create_app({"TESTING": True}, settings=make_settings(db_url), engine=engine, start_drainer=False,
-                     pages=False)
+    app = create_app({"TESTING": True}, settings=make_settings(db_url), engine=engine,
+                     start_drainer=False, pages=False)
     with app.app_context():
         result = app.test_cli_runner().invoke(args=["invoices", *(["--json"] if as_json
                                                                    else [])])
