@@ -190,11 +190,13 @@ def _tenants() -> Any:
 
 
 def _line(r: Any) -> InvoiceLine:
-    (invoice, item, status, tenant, customer, meter, start, end, finalized, *figures,
-     verdict) = r
+    (invoice, item, status, tenant, customer, meter, start, end, finalized, formula, quantity,
+     amount, currency, ours, ours_events, late, late_events, uncertain, uncertain_events,
+     difference, verdict) = r
     return InvoiceLine(str(invoice), str(item), str(status), tenant, str(customer), meter,
-                       _utc(start), _utc(end), _utc(finalized), *figures,
-                       verdict or NOT_JUDGED)
+                       _utc(start), _utc(end), _utc(finalized), formula, quantity, amount,
+                       currency, ours, ours_events, late, late_events, uncertain,
+                       uncertain_events, difference, verdict or NOT_JUDGED)
 
 
 def _utc(value: Any) -> datetime:
