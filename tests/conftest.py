@@ -8,7 +8,10 @@ no server answers they skip with the reason, unless REQUIRE_POSTGRES=1, where th
 
 from __future__ import annotations
 
+import ast
+import inspect
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -285,6 +288,85 @@ def wait_for(predicate: Any, timeout: float, interval: float = 0.1, message: str
             return
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {message or predicate}")
+
+
+#: What a test, a fixture it uses or a helper of its module calls when it starts a process of
+#: its own (a worker, the CLI, gunicorn, a served stack, a tool).
+PROCESS_CALLS = re.compile(r"\b(start_worker|cli|Popen|run_process|served_stack|serve)\(|"
+                           r"\bsubprocess\.|\bmultiprocessing\b|\bsupport\.served\b|"
+                           r"\bsupport\.processes\b")
+#: What reaches the PostgreSQL server without the ``pg`` fixtures.
+POSTGRES_CALLS = re.compile(r"\b(require_postgres|pg_schema_url|fresh_pg_schema)\(")
+_module_helpers: dict[str, tuple[frozenset[str], frozenset[str]]] = {}
+
+
+def _source(obj: Any) -> str:
+    try:
+        return inspect.getsource(obj)
+    except (OSError, TypeError):
+        return ""
+
+
+def _helpers(module: Any) -> tuple[frozenset[str], frozenset[str]]:
+    """The names of a test module's own functions that start a process, and those that reach
+    PostgreSQL, directly or through one another (to a fixed point)."""
+    name = getattr(module, "__name__", "")
+    if name not in _module_helpers:
+        tree = ast.parse(_source(module) or "")
+        bodies = {f.name: ast.get_source_segment(_source(module), f) or ""
+                  for f in tree.body if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)}
+        found = []
+        for pattern in (PROCESS_CALLS, POSTGRES_CALLS):
+            names = {n for n, body in bodies.items() if pattern.search(body)}
+            while True:
+                calls = re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\(") if names else None
+                more = {n for n, body in bodies.items()
+                        if n not in names and calls is not None and calls.search(body)}
+                if not more:
+                    break
+                names |= more
+            found.append(frozenset(names))
+        _module_helpers[name] = (found[0], found[1])
+    return _module_helpers[name]
+
+
+def _uses(text: str, pattern: re.Pattern[str], helpers: frozenset[str]) -> bool:
+    if pattern.search(text):
+        return True
+    return any(re.search(rf"\b{re.escape(h)}\(", text) for h in helpers)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Markers derived, never applied by hand: ``browser`` (tests/browser), ``postgres`` (the
+    PostgreSQL fixtures, the ``postgres`` side of ``db_url``, or a schema of its own),
+    ``process`` (a worker, the CLI or a server started as a process, by the test, a fixture it
+    uses, or a helper of its module), ``slow`` (browser and process tests, and those marked
+    so). ``make check`` selects on them."""
+    for item in items:
+        if not isinstance(item, pytest.Function):
+            continue
+        module = item.module
+        proc_helpers, pg_helpers = _helpers(module)
+        texts = [_source(item.function)]
+        defs = getattr(item, "_fixtureinfo", None)
+        for name in item.fixturenames:
+            for fixturedef in (defs.name2fixturedefs.get(name, ()) if defs else ()):
+                if getattr(fixturedef, "baseid", "") != "":   # the module's or a folder's own
+                    texts.append(_source(fixturedef.func))
+        text = "\n".join(texts)
+        params = getattr(item, "callspec", None)
+        on_pg = (bool({"pg", "pg_url"} & set(item.fixturenames))
+                 or (params is not None and params.params.get("db_url") == "postgres")
+                 or _uses(text, POSTGRES_CALLS, pg_helpers))
+        browser = "tests/browser/" in item.path.as_posix()
+        process = browser or _uses(text, PROCESS_CALLS, proc_helpers)
+        if on_pg:
+            item.add_marker(pytest.mark.postgres)
+        if browser:
+            item.add_marker(pytest.mark.browser)
+        if process:
+            item.add_marker(pytest.mark.process)
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.hookimpl(hookwrapper=True)

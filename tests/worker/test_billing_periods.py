@@ -222,10 +222,11 @@ def test_an_outage_across_the_period_end_is_billed_next_or_written_off_once(
     assert invoiced == sum(units[i] for i in on_time + copies)
 
     # Reconciliation stays exact: the originals and their copies each count at Stripe in the
-    # hour they are stamped with, as here. Asked a day later: every day they fall on is
-    # settled, whatever the time of day the test runs at (a day's bucket ends at midnight).
+    # hour they are stamped with, as here. Asked two days later: every day they fall on has
+    # ended and settled, whatever the time of day the test runs at (a day's bucket ends at
+    # the midnight after it, up to a day after the last event).
     run = reconcile(world.engine, world.gateway, world.settings, trigger="cli",
-                    now=world.clock() + timedelta(days=1))
+                    now=world.clock() + timedelta(days=2))
     assert run.errors == [] and run.comparison.mismatches == []
     assert run.comparison.checked >= 1 and run.comparison.pending == 0
 
