@@ -11,7 +11,7 @@ DEV_STAMP := $(VENV)/.dev-$(shell cat requirements-dev.lock pyproject.toml | sha
 COMPILE   := $(BIN)/pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras \
              --no-emit-index-url --no-emit-find-links
 
-.PHONY: run test image-test lint bench install lock lock-check clean
+.PHONY: run test check image-test lint bench install lock lock-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -57,8 +57,14 @@ lock-check: $(DEV_STAMP)
 TEST_WORKERS ?= 2
 
 test: $(DEV_STAMP)
-	$(BIN)/python -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile \
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile \
 	    --ignore=tests/image $(PYTEST_ARGS)
+
+# The loop while working: SQLite only, no process, browser or slow test (markers derived at
+# collection, tests/conftest.py), the tests that failed last time first. `make test` runs all.
+check: $(DEV_STAMP)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --ff --ignore=tests/image \
+	    -m "not postgres and not process and not browser and not slow" $(PYTEST_ARGS)
 
 # The container image built with podman on a debootstrapped Debian base, then run (needs root,
 # podman, runc and debootstrap; .ci/run installs them and calls this after `make test`).

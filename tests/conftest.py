@@ -296,7 +296,7 @@ PROCESS_CALLS = re.compile(r"\b(start_worker|cli|Popen|run_process|served_stack|
                            r"\bsubprocess\.|\bmultiprocessing\b|\bsupport\.served\b|"
                            r"\bsupport\.processes\b")
 #: What reaches the PostgreSQL server without the ``pg`` fixtures.
-POSTGRES_CALLS = re.compile(r"\b(require_postgres|pg_schema_url|fresh_pg_schema)\(")
+POSTGRES_CALLS = re.compile(r"\b(require_postgres|pg_schema_url|_pg_database|pg_engine)\(")
 _module_helpers: dict[str, tuple[frozenset[str], frozenset[str]]] = {}
 
 
@@ -318,10 +318,10 @@ def _helpers(module: Any) -> tuple[frozenset[str], frozenset[str]]:
         found = []
         for pattern in (PROCESS_CALLS, POSTGRES_CALLS):
             names = {n for n, body in bodies.items() if pattern.search(body)}
-            while True:
-                calls = re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\(") if names else None
+            while names:
+                calls = re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\(")
                 more = {n for n, body in bodies.items()
-                        if n not in names and calls is not None and calls.search(body)}
+                        if n not in names and calls.search(body)}
                 if not more:
                     break
                 names |= more
@@ -351,7 +351,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         defs = getattr(item, "_fixtureinfo", None)
         for name in item.fixturenames:
             for fixturedef in (defs.name2fixturedefs.get(name, ()) if defs else ()):
-                if getattr(fixturedef, "baseid", "") != "":   # the module's or a folder's own
+                # The module's or a folder's own fixtures; this file's are known by name
+                # (``pg``, ``pg_url``, the ``postgres`` side of ``db_url``).
+                if getattr(fixturedef, "baseid", "") not in ("", "tests"):
                     texts.append(_source(fixturedef.func))
         text = "\n".join(texts)
         params = getattr(item, "callspec", None)

@@ -97,3 +97,57 @@ def test_settings_are_read_in_config_only() -> None:
                     and name not in READS_THE_ENVIRONMENT):
                 offenders.append(f"{name}:{node.lineno} os.{node.attr}")
     assert offenders == []
+
+
+TESTS = Path(__file__).resolve().parent
+#: Calls that read the clock: at import they fix a time that is stale by the time the suite
+#: reaches the test (a busy machine takes minutes).
+#: (``day_start`` and ``_ago`` are the tests' own helpers that read it.)
+CLOCK_FUNCTIONS = {"utcnow", "day_start", "_ago"}
+CLOCK_METHODS = {("datetime", "now"), ("datetime", "utcnow"), ("date", "today"),
+                 ("time", "time"), ("time", "monotonic"), ("time", "perf_counter")}
+
+
+def _import_time_clock_reads(tree: ast.Module) -> list[int]:
+    """Lines of the calls that read the clock when the module is imported: module and class
+    bodies, decorators, default values — not the bodies of functions and lambdas."""
+    found: list[int] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            for part in (*node.decorator_list, *node.args.defaults,
+                         *(d for d in node.args.kw_defaults if d is not None)):
+                visit(part)
+            return
+        if isinstance(node, ast.Lambda):
+            return
+        if isinstance(node, ast.Call):
+            f = node.func
+            if (isinstance(f, ast.Name) and f.id in CLOCK_FUNCTIONS) or (
+                    isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name)
+                    and (f.value.id, f.attr) in CLOCK_METHODS):
+                found.append(node.lineno)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return found
+
+
+def test_no_test_reads_the_clock_at_import() -> None:
+    offenders = [f"{p.relative_to(TESTS.parent)}:{line}"
+                 for p in sorted(TESTS.rglob("*.py")) if "node_modules" not in p.parts
+                 for line in _import_time_clock_reads(ast.parse(p.read_text()))]
+    assert offenders == []
+
+
+def test_the_clock_rule_sees_what_runs_at_import() -> None:
+    """The rule itself: a module constant, a default value and a decorator's argument read
+    at import; a function's body does not."""
+    tree = ast.parse("import time\nfrom datetime import datetime\n"
+                     "T0 = utcnow()\n"
+                     "def f(at=datetime.now()):\n    return time.time()\n"
+                     "@mark(time.monotonic())\ndef g():\n    utcnow()\n"
+                     "class C:\n    at = date.today()\n    def m(self):\n        utcnow()\n"
+                     "h = lambda: utcnow()\n")
+    assert _import_time_clock_reads(tree) == [3, 4, 6, 10]

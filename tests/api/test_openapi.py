@@ -20,7 +20,7 @@ from webapp.db import make_engine
 from webapp.models import utcnow
 from webapp.outbox.tokens import create_token
 
-pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

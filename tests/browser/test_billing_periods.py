@@ -24,7 +24,7 @@ from webapp.db import make_engine
 from webapp.models import LateUsage, utcnow
 from webapp.users import create_user
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 PASSWORD = "amber-falcon-orchard-71"
 FINANCE = "finance@example.com"

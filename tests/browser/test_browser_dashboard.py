@@ -38,7 +38,7 @@ from webapp.outbox.operations import resume, set_tenant
 from webapp.read.audit import NOT_SIGN_IN
 from webapp.users import create_user
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.postgres]
+pytestmark = pytest.mark.slow
 
 REQUIRE_BROWSER = os.environ.get("REQUIRE_BROWSER") == "1"
 SHOTS = ROOT / "test-artifacts" / "screenshots"

@@ -22,7 +22,7 @@ from test_browser_dashboard import (  # noqa: F401 - fixtures, used by name
 
 from webapp.models import utcnow
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.postgres]
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from webapp.models import OutboxEvent, utcnow
 from webapp.outbox.states import MAX_AGE
 from webapp.users import create_user
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.postgres]
+pytestmark = pytest.mark.slow
 
 PASSWORD = "amber-falcon-orchard-71"
 OPERATOR = "drill-operator@example.com"

@@ -28,7 +28,7 @@ from webapp.outbox.rollups import fold, fold_margin
 from webapp.outbox.sql import RECON_MISMATCHES, RECON_RUNS, T
 from webapp.users import create_user
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 PASSWORD = "amber-falcon-orchard-71"
 FINANCE = "finance@example.com"

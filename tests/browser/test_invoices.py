@@ -26,7 +26,7 @@ from webapp.outbox.invoices import MeteredItem
 from webapp.outbox.operations import set_tenant
 from webapp.users import create_user
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 PASSWORD = "amber-falcon-orchard-71"
 FINANCE = "finance@example.com"

@@ -22,7 +22,7 @@ from webapp.read.notices import Notice
 from webapp.users import create_user
 from webapp.worker.notify import Deliverer, Notifier
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 PASSWORD = "amber-falcon-orchard-71"
 ADMIN = "admin@example.com"

@@ -43,7 +43,7 @@ from webapp.db import make_engine
 from webapp.models import DrainerHeartbeat, utcnow
 from webapp.outbox.operations import resume
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.postgres]
+pytestmark = pytest.mark.slow
 
 H = DrainerHeartbeat.__table__
 FAILURE = "Could not connect to Stripe (connection refused)"

@@ -37,7 +37,7 @@ from webapp.models import utcnow
 from webapp.outbox.operations import pause, resolve
 from webapp.users import create_user
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.postgres]
+pytestmark = pytest.mark.slow
 
 AXE = Path(__file__).parent / "vendor" / "axe.min.js"
 SHOTS = ROOT / "test-artifacts" / "screenshots"

@@ -26,8 +26,6 @@ from webapp.outbox import enqueue_usage
 from webapp.outbox.operations import set_tenant
 from webapp.users import create_user
 
-pytestmark = [pytest.mark.browser, pytest.mark.postgres]
-
 AGENT = "support-agent@example.com"
 BOX = "Search tenants, Stripe customers and requests, events"
 

@@ -4,13 +4,13 @@ mapped, claims made with an injected clock, and canned call results."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
-from webapp.models import OutboxEvent, utcnow
+from webapp.models import OutboxEvent
 from webapp.outbox import enqueue_usage
 from webapp.outbox.adjustments import CancelAnswer
 from webapp.outbox.claims import Claim, claim_batch
@@ -21,7 +21,9 @@ from webapp.outbox.states import CallResult, Outcome, Policy
 T = OutboxEvent.__table__
 POLICY = Policy(max_attempts=5, initial_backoff_seconds=0.05, max_backoff_seconds=1.0,
                 dedupe_window_seconds=23 * 3600.0)
-T0 = utcnow().replace(microsecond=0)
+#: The instant these tests call now: fixed, so no test depends on when the suite reaches it
+#: (every call below takes ``now``).
+T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 
 
 def at(seconds: float) -> datetime:

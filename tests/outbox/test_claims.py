@@ -154,7 +154,6 @@ def test_avoid_lanes_leaves_busy_lanes_queued(engine: Engine) -> None:
 
 # -- exclusive claims -----------------------------------------------------------------------------
 
-@pytest.mark.postgres
 def test_pg_two_open_claims_get_disjoint_rows_and_the_second_does_not_wait(
         pg: Engine) -> None:
     """Two claimers in two transactions open at the same time: while the first still holds

@@ -307,17 +307,17 @@ VALID = [
     ("quantity-one", {"quantity": 1}),
     ("key-100-chars", {"idempotency_key": "k" * 100}),
     ("key-printable-punctuation", {"idempotency_key": "usage_log:42/a-b.c~"}),
-    ("34-days-old", {"occurred_at": _ago(days=34)}),
-    ("4-minutes-ahead", {"occurred_at": "+4m"}),
-    ("other-timezone", {"occurred_at": datetime.now(UTC).astimezone(
+    # Times relative to the clock are read when the test runs, not at import.
+    ("34-days-old", {"occurred_at": lambda: _ago(days=34)}),
+    ("4-minutes-ahead", {"occurred_at": lambda: utcnow() + timedelta(minutes=4)}),
+    ("other-timezone", {"occurred_at": lambda: datetime.now(UTC).astimezone(
         timezone(timedelta(hours=-7)))}),
 ]
 
 
 @pytest.mark.parametrize("overrides", [c[1] for c in VALID], ids=[c[0] for c in VALID])
 def test_valid_edges_accepted(engine: Engine, overrides: dict[str, Any]) -> None:
-    if overrides.get("occurred_at") == "+4m":
-        overrides = {"occurred_at": utcnow() + timedelta(minutes=4)}
+    overrides = {k: v() if callable(v) else v for k, v in overrides.items()}
     with Session(engine) as db, db.begin():
         row = enqueue(db, **overrides)
         row_id = row.id

@@ -21,8 +21,6 @@ from webapp.outbox import enqueue_usage
 from webapp.outbox.enqueue import IdempotencyConflict, InvalidUsage
 from webapp.outbox.producers import record_default_meter
 
-pytestmark = pytest.mark.postgres
-
 OK = None
 
 

@@ -67,7 +67,6 @@ def drain_to(engine: Engine, pg_url: str, fake: Any) -> None:
         drainer.close()
 
 
-@pytest.mark.postgres
 def test_from_psql(pg: Engine, pg_url: str, fake_stripe: Any) -> None:
     env = libpq_env(pg_url)
     done = psql(env, "BEGIN; SELECT billing_outbox_enqueue('acme', 5, 'psql:1'); COMMIT;")
@@ -100,7 +99,6 @@ def test_from_psql(pg: Engine, pg_url: str, fake_stripe: Any) -> None:
                             ).scalar_one() == "sent"
 
 
-@pytest.mark.postgres
 def test_from_node_postgres(pg: Engine, pg_url: str, fake_stripe: Any,
                             tmp_path: Path) -> None:
     npm, node = tool("npm"), tool("node")

@@ -173,7 +173,6 @@ def test_the_sqlite_template_equals_a_real_upgrade(sqlite_url: str,
         copied.dispose()
 
 
-@pytest.mark.postgres
 def test_the_postgres_template_equals_a_real_upgrade(pg_url: str,
                                                       upgraded_pg: tuple[Engine, str]) -> None:
     real_engine, real_schema = upgraded_pg
@@ -193,7 +192,6 @@ def test_the_postgres_template_equals_a_real_upgrade(pg_url: str,
         replayed.dispose()
 
 
-@pytest.mark.postgres
 def test_schemas_made_from_the_recording_are_independent(pg_url: str) -> None:
     """The replayed schema is a real one: a second schema made the same way is independent
     (rows and sequences of one are not seen by the other)."""

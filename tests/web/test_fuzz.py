@@ -191,6 +191,7 @@ def fuzz_app(db_url: str, engine: Engine, fake_stripe: Any, users: dict[str, str
     return create_app({"TESTING": True}, settings=settings, engine=engine, start_drainer=False)
 
 
+@pytest.mark.slow  # seconds of wall time: out of `make check`
 def test_no_route_answers_5xx_to_hostile_input(fuzz_app: Flask, seed: Any,
                                                engine: Engine) -> None:
     sample = seed_rows(seed, engine)

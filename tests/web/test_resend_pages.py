@@ -30,11 +30,20 @@ T = OutboxEvent.__table__
 X = ReconciliationMismatch.__table__
 A = AuditEntry.__table__
 #: The tests' "now": later than anything the drain stamps (the reconciliation that starts
-#: then compared every event sent before it).
-T0 = utcnow() + timedelta(hours=2)
-TODAY = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
-LOST = TODAY - timedelta(days=2)
+#: then compared every event sent before it); today's start and the day lost, two days
+#: before. Set as each test starts (:func:`_clock`), never at import.
+T0: datetime
+TODAY: datetime
+LOST: datetime
 TOKEN = re.compile(r'name="snapshot" value="([^"]+)"')
+
+
+@pytest.fixture(autouse=True)
+def _clock() -> None:
+    global T0, TODAY, LOST
+    T0 = utcnow() + timedelta(hours=2)
+    TODAY = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    LOST = TODAY - timedelta(days=2)
 
 
 @pytest.fixture

@@ -30,7 +30,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -45,7 +45,7 @@ from webapp.db import make_engine
 from webapp.models import OutboxEvent, utcnow
 from webapp.outbox import enqueue_usage, operations
 
-pytestmark = [pytest.mark.slow, pytest.mark.postgres]
+pytestmark = pytest.mark.slow
 
 T = OutboxEvent.__table__
 SEED = int(os.environ.get("CHAOS_SEED", "20260503"))
@@ -56,8 +56,6 @@ CUSTOMERS = [f"cus_chaos{i}" for i in range(5)]
 METERS = ("api_requests", "storage_gb")
 TIMEOUT = "3"          # STRIPE_TIMEOUT_SECONDS: calls never time out against the fake
 CLAIM_TIMEOUT = "23"   # the shortest claim config.validate accepts for that timeout, rounded up
-BASE = utcnow().replace(microsecond=0)
-
 
 @pytest.fixture
 def pg(pg_url: str) -> Iterator[Engine]:
@@ -165,10 +163,14 @@ class Enqueuer(threading.Thread):
     """Enqueues in small transactions; records what committed and what rolled back."""
 
     def __init__(self, name: str, engine: Engine, rng: random.Random, quota: int,
-                 shared: list[tuple[str, int, int, int]], stop: threading.Event) -> None:
+                 shared: list[tuple[str, int, int, int]], stop: threading.Event,
+                 base: datetime) -> None:
         super().__init__(name=name, daemon=True)
         self.engine, self.rng, self.quota, self.shared, self.stop = (
             engine, rng, quota, shared, stop)
+        #: The instant the items' ages count back from, the same for every enqueuer (they
+        #: share items): a duplicate matches exactly.
+        self.base = base
         self.committed: dict[str, tuple[str, str, int, int]] = {}
         self.rolled_back: set[str] = set()
         self.items: dict[str, tuple[str, int, int, int]] = {}
@@ -188,7 +190,7 @@ class Enqueuer(threading.Thread):
     def _enqueue(self, db: Session, item: tuple[str, int, int, int]) -> tuple[str, str, int, int]:
         key, lane, quantity, age = item
         tenant, meter = f"tenant{lane // len(METERS)}", METERS[lane % len(METERS)]
-        at = BASE - timedelta(seconds=age)  # fixed per item: a duplicate matches exactly
+        at = self.base - timedelta(seconds=age)  # fixed per item: a duplicate matches exactly
         enqueue_usage(db, tenant_id=tenant, quantity=quantity, idempotency_key=key,
                       meter=meter, occurred_at=at)
         return (CUSTOMERS[lane // len(METERS)], meter, quantity, int(at.timestamp()))
@@ -251,10 +253,9 @@ class Enqueuer(threading.Thread):
         self.items.update((item[0], item) for item in items)
         self.committed.update(done)
 
-    @staticmethod
-    def _expected(item: tuple[str, int, int, int]) -> tuple[str, str, int, int]:
+    def _expected(self, item: tuple[str, int, int, int]) -> tuple[str, str, int, int]:
         key, lane, quantity, age = item
-        at = BASE - timedelta(seconds=age)
+        at = self.base - timedelta(seconds=age)
         return (CUSTOMERS[lane // len(METERS)], METERS[lane % len(METERS)], quantity,
                 int(at.timestamp()))
 
@@ -321,8 +322,9 @@ def run_chaos(pg_url: str, pg: Engine, fake_stripe: FakeStripe, tmp_path: Path, 
     shared = [(f"shared-{i}", rng.randrange(len(CUSTOMERS) * len(METERS)),
                rng.randint(1, 10**9), rng.randint(60, 86400)) for i in range(40)]
     stop = threading.Event()
+    base = utcnow().replace(microsecond=0)
     enqueuers = [Enqueuer(f"e{i}", producers, random.Random(SEED + i + 1), TARGET // 2, shared,
-                          stop) for i in range(2)]
+                          stop, base) for i in range(2)]
     pooler_down = False
     try:
         fleet.up(3)

@@ -73,7 +73,6 @@ def per_lane(fake: FakeStripe) -> Counter[tuple[str, str]]:
     return Counter((ev.customer, ev.event_name) for ev in fake.accepted().values())
 
 
-@pytest.mark.postgres
 def test_four_workers_never_overlap_a_lane_and_every_lane_progresses(
         pg_url: str, pg: Engine, fake_stripe: FakeStripe,
         workers: list[subprocess.Popen[bytes]], tmp_path: Path) -> None:
@@ -110,7 +109,6 @@ def test_four_workers_never_overlap_a_lane_and_every_lane_progresses(
     assert all(p.poll() is None for p in workers), "a worker died"
 
 
-@pytest.mark.postgres
 def test_a_sigkilled_workers_lane_is_free_at_once(
         pg_url: str, pg: Engine, fake_stripe: FakeStripe,
         workers: list[subprocess.Popen[bytes]], tmp_path: Path) -> None:
@@ -188,7 +186,6 @@ def test_one_process_sends_lanes_in_parallel_one_call_per_lane(
     assert 2 <= fake_stripe.max_in_flight() <= 4
 
 
-@pytest.mark.postgres
 def test_a_lane_busy_in_another_process_is_skipped_not_waited_on(
         pg: Engine, pg_url: str, fake_stripe: FakeStripe) -> None:
     setup_lanes(pg, fake_stripe)

@@ -120,6 +120,7 @@ def assert_all_sent_once(engine: Engine, fake: FakeStripe, values: dict[str, int
     assert fake.accept_count() == len(values)
 
 
+@pytest.mark.slow  # seconds of wall time: out of `make check`
 def test_a_60s_outage_costs_a_handful_of_calls_and_loses_nothing(
         engine: Engine, fake_stripe: FakeStripe, running: list[Running]) -> None:
     setup_customers(engine)
@@ -155,6 +156,7 @@ def test_a_60s_outage_costs_a_handful_of_calls_and_loses_nothing(
     assert status_counts(engine).get("dead", 0) == 0
 
 
+@pytest.mark.slow  # seconds of wall time: out of `make check`
 def test_a_60s_storm_of_500s_keeps_attempts_far_below_the_budget(
         engine: Engine, fake_stripe: FakeStripe, running: list[Running]) -> None:
     setup_customers(engine)
@@ -185,6 +187,7 @@ def test_a_60s_storm_of_500s_keeps_attempts_far_below_the_budget(
     assert worst <= 4  # far below OUTBOX_MAX_ATTEMPTS (12)
 
 
+@pytest.mark.slow  # seconds of wall time: out of `make check`
 def test_rate_limit_caps_calls_in_every_second(
         engine: Engine, fake_stripe: FakeStripe, db_url: str) -> None:
     setup_customers(engine)

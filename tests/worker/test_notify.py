@@ -355,6 +355,7 @@ def test_settings_read_as_documented() -> None:
     assert Settings.from_env({}).notify.channels == ()
 
 
+@pytest.mark.slow  # seconds of wall time: out of `make check`
 def test_a_slow_receiver_holds_a_pass_no_longer_than_one_timeout(
         engine: Engine, receivers: dict[str, Any]) -> None:
     """The deliverer shares the worker's maintenance thread with the rescuer: with ten

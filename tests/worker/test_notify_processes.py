@@ -24,7 +24,7 @@ from webapp.outbox import enqueue_usage
 from webapp.outbox.operations import set_tenant
 from webapp.worker.notify import verify
 
-pytestmark = [pytest.mark.slow, pytest.mark.postgres]
+pytestmark = pytest.mark.slow
 
 T = OutboxEvent.__table__
 SECRET = "notify-processes-secret-0123"

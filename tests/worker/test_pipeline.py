@@ -8,7 +8,6 @@ from __future__ import annotations
 import threading
 from unittest.mock import patch
 
-import pytest
 from conftest import make_settings, wait_for
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
@@ -18,8 +17,6 @@ from webapp.models import DeliveryAttempt, OutboxEvent, utcnow
 from webapp.outbox import enqueue_usage, operations
 from webapp.outbox.control import pause_state
 from webapp.worker import Drainer, gateway_from, run_drainer
-
-pytestmark = [pytest.mark.postgres]
 
 T = OutboxEvent.__table__
 A = DeliveryAttempt.__table__

@@ -24,8 +24,6 @@ from webapp.outbox import enqueue_usage
 from webapp.outbox.operations import set_tenant
 from webapp.pooler import transaction_pooled
 
-pytestmark = [pytest.mark.postgres]
-
 
 @pytest.fixture
 def bouncer(pg_url: str) -> Iterator[PgBouncer]:

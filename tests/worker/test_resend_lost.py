@@ -30,9 +30,20 @@ from .test_reconcile_cancel import day_start, send
 T = OutboxEvent.__table__
 A = AuditEntry.__table__
 #: Every test's own "now": later than anything the drain stamps, so the reconciliation
-#: that starts then compared every event sent before it.
-T0 = utcnow() + timedelta(hours=2)
-LOST = day_start(2).date()
+#: that starts then compared every event sent before it; the day lost at Stripe, two days
+#: before; acme's bucket of that day. Set as each test starts (:func:`_clock`), never at
+#: import: a suite reaches a module minutes after collecting it.
+T0: datetime
+LOST: date
+ACME: Bucket
+
+
+@pytest.fixture(autouse=True)
+def _clock() -> None:
+    global T0, LOST, ACME
+    T0 = utcnow() + timedelta(hours=2)
+    LOST = day_start(2).date()
+    ACME = Bucket("cus_acme", "api_requests", LOST, "acme")
 
 
 @pytest.fixture
@@ -86,9 +97,6 @@ def rows(engine: Engine, ids: list[int]) -> list[Any]:
 def sent_units(engine: Engine, day: date) -> int:
     """Usage sent for ``day``, as the pages read it (the rollup and the rows past it)."""
     return int(tenant_usage(engine, start=day, end=day).total("quantity", "sent"))
-
-
-ACME = Bucket("cus_acme", "api_requests", LOST, "acme")
 
 
 def test_a_lost_day_is_named_sent_again_once_and_then_matches(

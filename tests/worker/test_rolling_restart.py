@@ -25,7 +25,7 @@ from webapp.models import OutboxEvent, utcnow
 from webapp.outbox import enqueue_usage
 from webapp.outbox.operations import set_tenant
 
-pytestmark = [pytest.mark.slow, pytest.mark.postgres]
+pytestmark = pytest.mark.slow
 
 T = OutboxEvent.__table__
 TENANTS = 6

@@ -29,8 +29,6 @@ from webapp.worker import shards as shards_module
 from webapp.worker.lanes import LaneLocks, lane_locks
 from webapp.worker.shards import ShardView, shard_space
 
-pytestmark = pytest.mark.postgres
-
 T = OutboxEvent.__table__
 METER = "api_requests"
 

@@ -353,6 +353,7 @@ def test_a_400_saying_the_meter_is_missing_holds_the_event_and_releases_the_rest
 
 # -- the sandbox's rate -----------------------------------------------------------------------
 
+@pytest.mark.slow  # seconds of wall time: out of `make check`
 def test_a_sandbox_key_keeps_stream_requests_within_25_a_second(
         db_url: str, engine: Engine, fake_stripe: FakeStripe) -> None:
     """In a sandbox stream requests count against the basic 25 requests/s: with an
