@@ -133,7 +133,7 @@ def stream_lines(conn: Connection, lo: datetime, hi: datetime, *,
                  verdict: str | None = None, limit: int | None = None,
                  after: tuple[datetime, str, str] | None = None) -> Iterator[InvoiceLine]:
     """:func:`invoice_lines` as they are read (a server-side cursor on PostgreSQL, a
-    thousand rows at a time): a command printing every line of a window starts at once."""
+    thousand rows at a time): a command printing every line of a window never holds it all."""
     whole = limit is None
     tenants = _tenants()
     stmt = (select(*_columns(tenants.c.tenant_id if whole else _tenant()))
