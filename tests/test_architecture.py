@@ -5,6 +5,7 @@ in the product package."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -151,3 +152,85 @@ def test_the_clock_rule_sees_what_runs_at_import() -> None:
                      "class C:\n    at = date.today()\n    def m(self):\n        utcnow()\n"
                      "h = lambda: utcnow()\n")
     assert _import_time_clock_reads(tree) == [3, 4, 6, 10]
+
+
+TEMPLATES = PACKAGE.parent / "templates"
+#: A status name as a whole string, or quoted inside one (SQL text, a template's literal).
+QUOTED_STATUS = re.compile(r"""['"](pending|processing|retrying|sent|dead|resolved|rejected"""
+                           r"""|cancelled|failed)['"]""")
+
+
+def _quoted_statuses(source: str) -> list[tuple[int, str]]:
+    """Where a module spells a status: a string constant that is one (docstrings aside), or
+    holds one quoted."""
+    from webapp.status import ALL, DELIVERY_ALL
+
+    words = set(ALL) | set(DELIVERY_ALL)
+    tree = ast.parse(source)
+    docstrings = {id(n.value) for n in ast.walk(tree)
+                  if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+    return [(n.lineno, n.value) for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            and id(n) not in docstrings
+            and (n.value in words or QUOTED_STATUS.search(n.value))]
+
+
+#: The same words meaning something else, where they are spelled: (file, word) -> what it is.
+HOMONYMS: dict[tuple[str, str], str] = {
+    ("webapp/notify_settings.py", "rejected"): "an alert kind",
+    ("webapp/read/overview.py", "rejected"): "an alert kind",
+    ("webapp/outbox/reconciliation.py", "pending"): "a run's count of buckets still settling",
+    ("webapp/read/reconciliation.py", "pending"): "a run's count of buckets still settling",
+    ("templates/reconciliation/index.html", "pending"): "a run's count of buckets still settling",
+    ("webapp/outbox/rejections.py", "rejected"): "an error sample's outcome",
+    ("webapp/read/stripe_side.py", "rejected"): "an error sample's outcome",
+    ("webapp/read/event_billing.py", "pending"): "a unit's place: no finalized line yet",
+    ("templates/events/show.html", "pending"): "a unit's place; an adjustment's status at Stripe",
+    ("webapp/read/usage_table.py", "dead"): "the Tenants & usage filter ?only=dead",
+    ("webapp/web/tenants.py", "dead"): "the Tenants & usage filter ?only=dead",
+    ("webapp/web/tenants.py", "sent"): "a chart's unit",
+    ("webapp/web/dashboard.py", "sent"): "a chart's unit",
+    ("webapp/web/cli/notify.py", "sent"): "a test message's outcome, in words",
+    ("webapp/web/notifications.py", "sent"): "a test message's outcome, in words",
+    ("webapp/web/rejected.py", "rejected"): "the Rejected page's blueprint",
+    ("webapp/worker/drainer.py", "sent"): "a drain pass's count",
+    ("webapp/worker/drainer.py", "retrying"): "a drain pass's count",
+    ("webapp/worker/drainer.py", "dead"): "a drain pass's count",
+    ("webapp/worker/stripe_events.py", "rejected"): "a poll's count, in its JSON",
+    ("webapp/worker/notify/channels.py", "resolved"): "an alert's state",
+    ("webapp/worker/notify/notifier.py", "resolved"): "an alert's state",
+}
+
+
+def test_statuses_are_spelled_in_their_module_only() -> None:
+    """``webapp.status`` holds every status and group; a quoted status anywhere else in the
+    product (Python or template) is a copy that can drift. Migrations keep theirs; a word
+    that means something else there is listed in :data:`HOMONYMS` with what it is."""
+    offenders = [f"{p.relative_to(PACKAGE.parent)}:{line}: {value!r}"
+                 for p in MODULES if p != PACKAGE / "status.py"
+                 for line, value in _quoted_statuses(p.read_text())
+                 if (str(p.relative_to(PACKAGE.parent)), value) not in HOMONYMS]
+    offenders += [f"{p.relative_to(PACKAGE.parent)}:{n}: {word!r}"
+                  for p in sorted(TEMPLATES.rglob("*.html"))
+                  for n, text in enumerate(p.read_text().splitlines(), 1)
+                  for word in QUOTED_STATUS.findall(text)
+                  if (str(p.relative_to(PACKAGE.parent)), word) not in HOMONYMS]
+    assert offenders == []
+
+
+def test_the_status_module_is_a_leaf() -> None:
+    """``webapp.status`` imports the standard library only: everything can read it."""
+    tree = ast.parse((PACKAGE / "status.py").read_text())
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
+                for a in n.names}
+    imported |= {(n.module or "").split(".")[0] for n in ast.walk(tree)
+                 if isinstance(n, ast.ImportFrom) and not n.level}
+    relative = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level]
+    assert relative == [] and imported <= {"__future__", "collections", "enum"}
+
+
+def test_the_status_rule_sees_constants_and_sql_but_not_docstrings() -> None:
+    source = ('"""Module: \'sent\' here is prose."""\n'
+              'A = "dead"\nB = "status IN (\'pending\')"\nC = f"x {y} \'sent\'"\n'
+              'def f():\n    """\'sent\'"""\n    return "deadline"\n')
+    assert [line for line, _ in _quoted_statuses(source)] == [2, 3, 4]

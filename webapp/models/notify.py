@@ -9,7 +9,11 @@ from datetime import datetime
 from sqlalchemy import BigInteger, Index, Integer, String, Text, text
 from sqlalchemy.orm import Mapped, mapped_column
 
+from ..status import DELIVERY_PENDING
 from .base import Base, BigID, UTCDateTime
+
+#: Deliveries still to go: ``ix_notify_deliveries_pending``'s predicate.
+_PENDING_SQL = f"status = '{DELIVERY_PENDING}'"
 
 
 class NotifyAlert(Base):
@@ -43,8 +47,7 @@ class NotifyDelivery(Base):
     __tablename__ = "notify_deliveries"
     __table_args__ = (
         Index("ix_notify_deliveries_pending", "channel", "id",
-              postgresql_where=text("status = 'pending'"),
-              sqlite_where=text("status = 'pending'")),
+              postgresql_where=text(_PENDING_SQL), sqlite_where=text(_PENDING_SQL)),
         Index("ix_notify_deliveries_created", "created_at"),
     )
 
@@ -56,7 +59,7 @@ class NotifyDelivery(Base):
     event: Mapped[str] = mapped_column(String(10))
     channel: Mapped[str] = mapped_column(String(10))
     #: ``pending``, ``sent`` or ``failed`` (given up).
-    status: Mapped[str] = mapped_column(String(10), server_default="pending")
+    status: Mapped[str] = mapped_column(String(10), server_default=DELIVERY_PENDING)
     #: The message as JSON (the webhook body; Slack's and the email's are made from it).
     body: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())

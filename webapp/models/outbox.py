@@ -8,6 +8,18 @@ from datetime import datetime
 from sqlalchemy import BigInteger, Boolean, Index, Integer, String, Text, text
 from sqlalchemy.orm import Mapped, mapped_column
 
+from ..status import (
+    DEAD,
+    IN_FLIGHT,
+    NOT_WAITING,
+    PROCESSING,
+    REJECTED,
+    RESOLVED,
+    SENT,
+    WAITING,
+    sql_in,
+    sql_not_in,
+)
 from .base import Base, BigID, UTCDateTime
 
 
@@ -32,15 +44,16 @@ class Tenant(Base):
 
 #: Partial-index predicates that queries outside this module repeat word for word (so that
 #: SQLite, which matches a partial index by the terms of its predicate, can use the index).
-IN_FLIGHT_SQL = "status = 'processing'"
+IN_FLIGHT_SQL = sql_in(IN_FLIGHT)
+#: Waiting: ``ix_outbox_claimable``'s predicate.
+CLAIMABLE_SQL = sql_in(WAITING)
 #: Pending or retrying, written as the complement of the other statuses: the claim's own
 #: predicate is ``status IN ('pending', 'retrying')``, and SQLite must never take this
 #: index for the claim's.
-WAITING_IDLE_SQL = ("status NOT IN ('sent', 'processing', 'dead', 'resolved', 'rejected', "
-                    "'cancelled')")
+WAITING_IDLE_SQL = sql_not_in(NOT_WAITING)
 #: Waiting, and billed on a draft invoice: ``ix_outbox_invoice_first``'s predicate, which the
 #: claim repeats word for word.
-INVOICE_FIRST_SQL = "status IN ('pending', 'retrying') AND invoice_finalizes_at IS NOT NULL"
+INVOICE_FIRST_SQL = f"{CLAIMABLE_SQL} AND invoice_finalizes_at IS NOT NULL"
 #: The variable-length columns ``ix_outbox_dead_errors`` carries, and the most bytes they may
 #: hold together for a row to be in it. A B-tree entry must stay under 2,704 bytes or the write
 #: that makes it fails; messages are kept up to 2,000 characters (``limits.TEXT_LIMIT``), so a
@@ -58,6 +71,9 @@ DEAD_FITS_SQL = {d: " + ".join(f.format(c) for c in DEAD_INDEXED_TEXT)
                  + f" <= {DEAD_INDEXED_BYTES}" for d, f in _TEXT_BYTES.items()}
 DEAD_OUTSIZE_SQL = {d: " + ".join(f.format(c) for c in DEAD_INDEXED_TEXT)
                     + f" > {DEAD_INDEXED_BYTES}" for d, f in _TEXT_BYTES.items()}
+#: The other predicates, each written once for both dialects.
+_NOT_IN_FLIGHT, _RESTING = sql_not_in(IN_FLIGHT), sql_not_in((SENT, PROCESSING))
+_SENT, _DEAD, _RESOLVED, _REJECTED = (sql_in([s]) for s in (SENT, DEAD, RESOLVED, REJECTED))
 
 
 class OutboxEvent(Base):
@@ -144,8 +160,7 @@ class OutboxEvent(Base):
     __table_args__ = (
         # The claim: an index scan over due rows only, never over everything ever sent.
         Index("ix_outbox_claimable", "next_attempt_at", "id",
-              postgresql_where=text("status IN ('pending', 'retrying')"),
-              sqlite_where=text("status IN ('pending', 'retrying')")),
+              postgresql_where=text(CLAIMABLE_SQL), sqlite_where=text(CLAIMABLE_SQL)),
         # The claim's first part: events a draft invoice still needs (none at most times).
         Index("ix_outbox_invoice_first", "invoice_finalizes_at", "next_attempt_at", "id",
               postgresql_where=text(INVOICE_FIRST_SQL), sqlite_where=text(INVOICE_FIRST_SQL)),
@@ -156,8 +171,7 @@ class OutboxEvent(Base):
         # a claim then writes no entry here; the tenant page adds them from the rescuer's
         # index, where the few of them are.
         Index("ix_outbox_tenant_created", "tenant_id", "created_at",
-              postgresql_where=text("status <> 'processing'"),
-              sqlite_where=text("status <> 'processing'")),
+              postgresql_where=text(_NOT_IN_FLIGHT), sqlite_where=text(_NOT_IN_FLIGHT)),
         # The dashboard's read side (migration 0002; see webapp/queries.py for the queries).
         # Everything not yet sent, covering (on PostgreSQL) the per-status counts, per-tenant
         # usage, retry histograms and 35-day alerts without touching the 95% of rows sent.
@@ -167,29 +181,27 @@ class OutboxEvent(Base):
               postgresql_include=["tenant_id", "meter", "quantity", "stripe_customer_id",
                                   "attempt_count", "last_outcome", "last_error_code",
                                   "last_http_status"],
-              postgresql_where=text("status NOT IN ('sent', 'processing')"),
-              sqlite_where=text("status NOT IN ('sent', 'processing')")),
+              postgresql_where=text(_RESTING), sqlite_where=text(_RESTING)),
         # One tenant's unsent events (migration 0015): its page's usage and waiting count
         # read the tenant's entries, not every unsent event's. Written at the same status
         # changes as ix_outbox_unsent (none by a claim or a send).
         Index("ix_outbox_unsent_tenant", "tenant_id", "status", "occurred_at",
               postgresql_include=["meter", "quantity"],
-              postgresql_where=text("status NOT IN ('sent', 'processing')"),
-              sqlite_where=text("status NOT IN ('sent', 'processing')")),
+              postgresql_where=text(_RESTING), sqlite_where=text(_RESTING)),
         Index("ix_outbox_sent_at", "sent_at",
-              postgresql_where=text("status = 'sent'"), sqlite_where=text("status = 'sent'")),
+              postgresql_where=text(_SENT), sqlite_where=text(_SENT)),
         # A customer's sent events on a meter by time (migration 0027): what the invoice-line
         # judge compares one line with, and where it looks for usage on no invoice. Written
         # once per event, by the send that makes it ``sent``.
         Index("ix_outbox_sent_customer", "stripe_customer_id", "meter", "occurred_at",
-              postgresql_where=text("status = 'sent'"), sqlite_where=text("status = 'sent'")),
+              postgresql_where=text(_SENT), sqlite_where=text(_SENT)),
         # Pending or retrying (see WAITING_IDLE_SQL).
         Index("ix_outbox_waiting_created", "created_at",
               postgresql_where=text(WAITING_IDLE_SQL), sqlite_where=text(WAITING_IDLE_SQL)),
         Index("ix_outbox_dead", "dead_at", "id",
-              postgresql_where=text("status = 'dead'"), sqlite_where=text("status = 'dead'")),
+              postgresql_where=text(_DEAD), sqlite_where=text(_DEAD)),
         Index("ix_outbox_dead_tenant", "tenant_id", "dead_at", "id",
-              postgresql_where=text("status = 'dead'"), sqlite_where=text("status = 'dead'")),
+              postgresql_where=text(_DEAD), sqlite_where=text(_DEAD)),
         # The dead-letter groups and text search (migration 0011): on PostgreSQL every column
         # they read or filter on is in the index, so they read it alone (index-only), not one
         # heap page per dead event across the whole table. Rows whose texts would not fit an
@@ -198,18 +210,16 @@ class OutboxEvent(Base):
               postgresql_include=["tenant_id", "meter", "quantity", "occurred_at",
                                   "idempotency_key", "last_error_class", "last_error_code",
                                   "last_http_status", "last_error_message", "dead_reason"],
-              postgresql_where=text(f"status = 'dead' AND {DEAD_FITS_SQL['postgresql']}"),
-              sqlite_where=text(f"status = 'dead' AND {DEAD_FITS_SQL['sqlite']}")),
+              postgresql_where=text(f"{_DEAD} AND {DEAD_FITS_SQL['postgresql']}"),
+              sqlite_where=text(f"{_DEAD} AND {DEAD_FITS_SQL['sqlite']}")),
         Index("ix_outbox_dead_outsize", "dead_at", "id",
-              postgresql_where=text(f"status = 'dead' AND {DEAD_OUTSIZE_SQL['postgresql']}"),
-              sqlite_where=text(f"status = 'dead' AND {DEAD_OUTSIZE_SQL['sqlite']}")),
+              postgresql_where=text(f"{_DEAD} AND {DEAD_OUTSIZE_SQL['postgresql']}"),
+              sqlite_where=text(f"{_DEAD} AND {DEAD_OUTSIZE_SQL['sqlite']}")),
         Index("ix_outbox_resolved", "dead_at", "id",
-              postgresql_where=text("status = 'resolved'"),
-              sqlite_where=text("status = 'resolved'")),
+              postgresql_where=text(_RESOLVED), sqlite_where=text(_RESOLVED)),
         # Rejected events, newest report first (migration 0006).
         Index("ix_outbox_rejected", "rejected_at", "id",
-              postgresql_where=text("status = 'rejected'"),
-              sqlite_where=text("status = 'rejected'")),
+              postgresql_where=text(_REJECTED), sqlite_where=text(_REJECTED)),
         # Error samples name an event by the identifier Stripe has; a requeued rejected
         # event's is its own, unique like the idempotency keys.
         Index("ix_outbox_stripe_identifier", "stripe_identifier", unique=True,

@@ -9,12 +9,12 @@ from datetime import datetime
 from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
+from ..status import USAGE_ORDER
 from .base import Base, BigID, UTCDateTime
 
 #: The statuses a report keeps a pair of figures for (units and events), in the page's order:
-#: ``webapp.read.usage_sources.USAGE_STATUSES``, repeated here so the models need nothing
-#: above them (a test keeps the two equal).
-REPORT_STATUSES = ("sent", "pending", "retrying", "rejected", "dead", "cancelled", "resolved")
+#: ``webapp.read.usage_sources.USAGE_STATUSES`` (a test keeps the two equal).
+REPORT_STATUSES = USAGE_ORDER
 
 
 #: Text compared byte by byte on PostgreSQL (the ``"C"`` collation): the order the usage

@@ -21,6 +21,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Connection, Engine, and_, distinct, func, select, union_all
 
+from ..status import SENT
 from .invoices import draft_windows
 from .late import BILLING_STATUSES, find_late, late_events, unsent_parts
 from .late_lines import short_lines
@@ -124,7 +125,7 @@ def keep_unbilled(engine: Engine, *, now: datetime) -> Watch:
                                   func.count(), int_sum(T.c.quantity))
                            .select_from(UNBILLED_TABLE)
                            .join(T, T.c.id == UNBILLED_TABLE.c.event_id)
-                           .where(status_is("sent"))).one()
+                           .where(status_is(SENT))).one()
         watch = Watch(UNBILLED, now, int(row[0] or 0), int(row[1] or 0), int(row[2] or 0))
         _keep(conn, watch)
     return watch

@@ -33,6 +33,7 @@ from sqlalchemy import (
 from sqlalchemy import update as sa_update
 from sqlalchemy.dialects import postgresql
 
+from ..status import IN_FLIGHT, sql_list
 from .sendable import PG_SENDABLE_NOW, PG_WAITING, WAITING_SQL, sendable_now_sql
 from .sql import PROCESSING_SQL, SENT_AS, TENANTS, T, id_in
 from .states import EventView, Status, idempotency_key
@@ -141,7 +142,7 @@ WITH invoice_first AS MATERIALIZED ({first}
 ), the_rest AS MATERIALIZED ({rest}
 )
 UPDATE stripe_usage_outbox AS o
-SET status = 'processing', claim_token = :token, claimed_by = :worker,
+SET status = {processing}, claim_token = :token, claimed_by = :worker,
     processing_deadline_at = :deadline, updated_at = :now,
     stripe_customer_id = COALESCE(o.stripe_customer_id,
         (SELECT t.stripe_customer_id FROM billing_tenants AS t WHERE t.tenant_id = o.tenant_id)),
@@ -173,7 +174,8 @@ def _pg_claim(skipping: bool, meters: bool) -> Any:
     rest = _PG_CANDIDATES.format(
         mark="NULL", order="o.next_attempt_at, o.id",
         limit="(:limit - (SELECT count(*) FROM invoice_first))", **terms)
-    return text(_PG_CLAIM_SQL.format(first=first, rest=rest, waiting=PG_WAITING)
+    return text(_PG_CLAIM_SQL.format(first=first, rest=rest, waiting=PG_WAITING,
+                                     processing=sql_list(IN_FLIGHT))
                 ).bindparams(*binds)
 
 

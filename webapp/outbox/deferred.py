@@ -28,6 +28,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, and_, select, update
 
+from ..status import PENDING
 from .sendable import TENANT_MAPPED, WAITING_SQL
 from .sql import STRIPE_METERS, SYNC_STATE, T, sql_str
 
@@ -44,7 +45,7 @@ BATCH = 10_000
 _ACTIVE_METER = T.c.meter.in_(select(STRIPE_METERS.c.event_name)
                               .where(STRIPE_METERS.c.status == sql_str("active")))
 #: Never claimed (a claim fixes the customer on the row), still pending.
-UNCLAIMED = (WAITING_SQL, T.c.status == sql_str("pending"), T.c.stripe_customer_id.is_(None))
+UNCLAIMED = (WAITING_SQL, T.c.status == sql_str(PENDING), T.c.stripe_customer_id.is_(None))
 
 
 def meters_listed(conn: Connection) -> bool:
@@ -92,7 +93,7 @@ def waits_for(conn: Connection, event: dict[str, Any]) -> str | None:
     """What a pending, never-claimed event waits for before it can be sent: ``"customer"``
     (its tenant has none), ``"meter"`` (Stripe does not have its meter, active, or has it
     pre-aggregated: the meter's own row says which), or None."""
-    if event["status"] != "pending" or event.get("stripe_customer_id"):
+    if event["status"] != PENDING or event.get("stripe_customer_id"):
         return None
     row = conn.execute(select(TENANT_MAPPED.label("mapped"), _ACTIVE_METER.label("active"))
                        .select_from(T).where(T.c.id == event["id"])).first()

@@ -13,6 +13,7 @@ from sqlalchemy.orm.attributes import instance_state
 
 from ..config import default_meter
 from ..models import OutboxEvent, utcnow
+from ..status import PENDING, sql_list
 from .ids import text_problem
 from .states import MAX_AGE, MAX_AHEAD, Status
 
@@ -74,7 +75,7 @@ _INSERT_COLUMNS = ("tenant_id", "meter", "quantity", "idempotency_key", "occurre
 _PG_INSERT = (
     "INSERT INTO stripe_usage_outbox (tenant_id, meter, quantity, idempotency_key, "
     "occurred_at, next_attempt_at, created_at, updated_at, status, attempt_count, call_count, "
-    "key_generation) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'pending', 0, 0, 0) "
+    f"key_generation) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, {sql_list([PENDING])}, 0, 0, 0) "
     "ON CONFLICT (idempotency_key) DO NOTHING RETURNING id")
 
 

@@ -21,6 +21,7 @@ from sqlalchemy import Engine, select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from ..config import default_meter
+from ..status import PENDING, sql_list
 from .enqueue import InvalidUsage, validate_usage
 from .sql import T, as_utc
 
@@ -104,7 +105,7 @@ _PG_BATCH = (
     "INSERT INTO stripe_usage_outbox (tenant_id, meter, quantity, idempotency_key, occurred_at, "
     "next_attempt_at, created_at, updated_at, status, attempt_count, call_count, key_generation, "
     "source) "
-    "SELECT t, m, q, k, o, %(now)s, %(now)s, %(now)s, 'pending', 0, 0, 0, %(source)s "
+    f"SELECT t, m, q, k, o, %(now)s, %(now)s, %(now)s, {sql_list([PENDING])}, 0, 0, 0, %(source)s "
     "FROM unnest(%(t)s::text[], %(m)s::text[], %(q)s::bigint[], %(k)s::text[], "
     "%(o)s::timestamptz[]) AS e(t, m, q, k, o) "
     "ON CONFLICT (idempotency_key) DO NOTHING RETURNING id, idempotency_key")
@@ -160,7 +161,7 @@ def ingest(engine: Engine, events: Sequence[Any], *, now: datetime,
                 rows = [dict(tenant_id=v.tenant_id, meter=v.meter, quantity=v.quantity,
                              idempotency_key=v.key, occurred_at=v.occurred_at,
                              next_attempt_at=now, created_at=now, updated_at=now,
-                             status="pending", attempt_count=0, call_count=0, key_generation=0,
+                             status=PENDING, attempt_count=0, call_count=0, key_generation=0,
                              source=source)
                         for v in first.values()]
                 ids = {k: int(i) for i, k in conn.execute(_insert(conn.dialect.name), rows)}

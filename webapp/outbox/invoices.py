@@ -30,6 +30,7 @@ from sqlalchemy import Connection, Engine, and_, delete, func, select, text
 from sqlalchemy import update as sa_update
 
 from ..models import INVOICE_FIRST_SQL, fit
+from ..status import WAITING
 from .sql import (
     INVOICE_PERIODS,
     INVOICES,
@@ -321,7 +322,7 @@ def mark_invoice_first(engine: Engine) -> tuple[int, int]:
                 .outerjoin(TENANTS, TENANTS.c.tenant_id == T.c.tenant_id)
                 .join(w, and_(w.c.customer == customer, w.c.meter == T.c.meter,
                               w.c.start <= T.c.occurred_at, T.c.occurred_at < w.c.end))
-                .where(T.c.status.in_(("pending", "retrying")))
+                .where(T.c.status.in_(WAITING))
                 .group_by(T.c.id, T.c.invoice_finalizes_at)).all()
             current = {int(r[0]): as_utc(r[1]) for r in rows}
             wanted = {int(r[0]): as_utc(r[2]) for r in rows}  # type: ignore[misc]

@@ -47,6 +47,7 @@ from sqlalchemy import (
 )
 from sqlalchemy import update as sa_update
 
+from ..status import SENT
 from . import evidence, stripe_runs
 from .evidence import (
     COMPARED_FORMULAS,
@@ -168,7 +169,7 @@ def _lines_to_judge(conn: Connection, mark: datetime | None, now: datetime, *,
         parts.append(keys.select_from(T).join(L, and_(
             L.c.stripe_customer_id == T.c.stripe_customer_id, L.c.meter == T.c.meter,
             L.c.period_start <= T.c.occurred_at, T.c.occurred_at < L.c.period_end))
-            .where(status_is("sent"), T.c.sent_at > since, _finalized()))
+            .where(status_is(SENT), T.c.sent_at > since, _finalized()))
         parts.append(keys.select_from(SUBSCRIPTIONS).join(
             L, L.c.stripe_customer_id == SUBSCRIPTIONS.c.stripe_customer_id)
             .where(SUBSCRIPTIONS.c.changed_at >= since, _finalized()))
@@ -286,7 +287,7 @@ def _events(conn: Connection, lines: Sequence[Line]
                      T.c.occurred_at < lw.c.end)
     sent = (select(lw.c.k, *_EVENT_COLUMNS).select_from(lw)
             .join(T, and_(T.c.stripe_customer_id == lw.c.customer, in_period))
-            .where(status_is("sent")))
+            .where(status_is(SENT)))
     customer = func.coalesce(T.c.stripe_customer_id, TENANTS.c.stripe_customer_id)
 
     def unsent(where: Any) -> Any:

@@ -29,6 +29,7 @@ from sqlalchemy import Connection, Engine, and_, func, insert, literal, or_, sel
 from sqlalchemy import update as sa_update
 
 from ..audit import write_audit
+from ..status import NOT_AT_STRIPE, NOT_AT_STRIPE_IDLE, PENDING, SENT
 from .enqueue import validate_usage
 from .evidence import (
     AFTER_FINALIZATION,
@@ -55,17 +56,14 @@ from .sql import (
 )
 
 #: The statuses of events Stripe has not accepted (cancelled and resolved ones are closed).
-UNSENT_STATUSES = ("pending", "retrying", "processing", "dead", "rejected")
-UNSENT = UNSENT_STATUSES    # the name the periods reads know it by
-#: The unsent statuses not in flight.
-UNSENT_IDLE = tuple(s for s in UNSENT_STATUSES if s != "processing")
+UNSENT = NOT_AT_STRIPE    # the name the periods reads know it by
 
 
 def unsent_parts() -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """"Not accepted by Stripe" as two WHERE clauses to query apart and add up: the idle
     statuses with ``ix_outbox_unsent``'s predicate repeated (so the planner reads that index,
     not the table), and the events in flight (``ix_outbox_processing_deadline``)."""
-    return (status_in(UNSENT_IDLE), IDLE_UNSENT), (IN_FLIGHT_WHERE,)
+    return (status_in(NOT_AT_STRIPE_IDLE), IDLE_UNSENT), (IN_FLIGHT_WHERE,)
 
 
 #: The subscription statuses whose open period bills.
@@ -95,7 +93,7 @@ class LateEvent:
 
     @property
     def why(self) -> str:
-        return AFTER_FINALIZATION if self.status == "sent" else UNSENT_WHY
+        return AFTER_FINALIZATION if self.status == SENT else UNSENT_WHY
 
     def as_dict(self) -> dict[str, Any]:
         return {"id": self.id, "tenant_id": self.tenant_id,
@@ -278,7 +276,7 @@ def bill_next(engine: Engine, ids: Sequence[int], *, actor: str, note: str,
                            meter=e.meter, occurred_at=now, now=now)
             new_id = conn.execute(insert(T).values(
                 tenant_id=e.tenant_id, meter=e.meter, quantity=e.quantity,
-                idempotency_key=key, occurred_at=now, status="pending", attempt_count=0,
+                idempotency_key=key, occurred_at=now, status=PENDING, attempt_count=0,
                 call_count=0, key_generation=0, next_attempt_at=now, created_at=now,
                 updated_at=now, stripe_customer_id=e.stripe_customer_id)
                 .returning(T.c.id)).scalar_one()

@@ -30,6 +30,7 @@ from sqlalchemy import (
 )
 
 from ..models import fit, fit_json_list
+from ..status import SENT
 from .sql import (
     RECON_DAYS,
     RECON_METER_DAYS,
@@ -138,7 +139,7 @@ def local_totals(conn: Connection, since: datetime, until: datetime, *, now: dat
         (T.c.status == Status.RETRYING.value) & (T.c.call_count > 0),
         (T.c.status.in_([Status.SENT.value, Status.REJECTED.value, Status.CANCELLED.value])
          & (T.c.updated_at >= recent)))
-    sent = status_is("sent")
+    sent = status_is(SENT)
     rows = conn.execute(
         select(T.c.stripe_customer_id, T.c.meter, T.c.tenant_id, hour,
                int_sum(case((sent, T.c.quantity), else_=0)),

@@ -37,6 +37,7 @@ from typing import Any
 
 from sqlalchemy import Connection, func, select
 
+from ..status import SENT
 from .customers import DELETED, MISSING, CustomerCheck
 from .sql import ATTEMPTS, SENT_AS, T, as_utc, status_is
 from .states import Outcome
@@ -91,7 +92,7 @@ def customers_sent_to(conn: Connection, report: Any, meter: str | None) -> set[s
         return set()
     start, end = window(report)
     rows = conn.execute(select(T.c.stripe_customer_id).where(
-        status_is("sent"), T.c.sent_at >= start, T.c.sent_at < end, T.c.meter == meter,
+        status_is(SENT), T.c.sent_at >= start, T.c.sent_at < end, T.c.meter == meter,
         T.c.stripe_customer_id.is_not(None)).distinct().limit(MAX_CUSTOMERS))
     return {str(c) for c in rows.scalars()}
 
@@ -119,7 +120,7 @@ def refused_by_asking(conn: Connection, report: Any, meter: str | None,
         return []
     start, end = window(report)
     rows = conn.execute(select(*_COLUMNS).where(
-        status_is("sent"), T.c.sent_at >= start, T.c.sent_at < end, T.c.meter == meter,
+        status_is(SENT), T.c.sent_at >= start, T.c.sent_at < end, T.c.meter == meter,
         T.c.stripe_customer_id.in_(wanted))).all()
     found = [r for r in rows if r.stripe_customer_id in missing]
     after = [r for r in rows if r.stripe_customer_id in deleted]
@@ -139,7 +140,7 @@ def untimed(conn: Connection, report: Any, meter: str | None,
         return []
     start, end = window(report)
     found = sorted(str(c) for c in conn.execute(select(T.c.stripe_customer_id).where(
-        status_is("sent"), T.c.sent_at >= start, T.c.sent_at < end, T.c.meter == meter,
+        status_is(SENT), T.c.sent_at >= start, T.c.sent_at < end, T.c.meter == meter,
         T.c.stripe_customer_id.in_(wanted)).distinct()).scalars())
     if found:
         log.warning("Stripe's report %s: when Stripe deleted customer(s) %s could not be had: "

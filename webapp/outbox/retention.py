@@ -37,8 +37,9 @@ from sqlalchemy import Connection, Engine, delete, func, select
 from sqlalchemy import update as sa_update
 
 from ..audit import write_audit
+from ..status import PRUNABLE, SENT
 from .rollups import SENT_USAGE, read_mark
-from .sendable import FINAL, NEEDS_A_PERSON
+from .sendable import NEEDS_A_PERSON
 from .sql import (
     ATTEMPTS,
     EPOCH,
@@ -53,8 +54,6 @@ from .sql import (
     status_is,
 )
 
-#: The statuses a prune may remove: final, and nothing a person still has to look at.
-PRUNABLE = ("sent", *FINAL)
 PRUNED = "pruned"
 #: Rows per transaction: small enough that a batch commits in a few milliseconds.
 BATCH_SIZE = 1000
@@ -139,7 +138,7 @@ def prune(engine: Engine, *, now: datetime, retention_days: int,
         # written after its last fold. Two disjoint counts, each a short range of an index
         # (``ix_outbox_sent_at``, the primary key), never a scan of everything past it.
         result.waiting_for_fold = sum(int(conn.execute(select(func.count()).where(
-            *_past(cutoff, "sent"), *where)).scalar_one()) for where in (
+            *_past(cutoff, SENT), *where)).scalar_one()) for where in (
                 (T.c.sent_at >= mark.at,), (T.c.sent_at < mark.at, T.c.id > mark.id)))
         if dry_run:
             for status in PRUNABLE:
@@ -183,7 +182,7 @@ def prune(engine: Engine, *, now: datetime, retention_days: int,
 def _past(cutoff: datetime, status: str) -> list[Any]:
     """Terminal rows of ``status`` last changed, occurred (and sent) before ``cutoff``."""
     where = [status_is(status), T.c.updated_at < cutoff, T.c.occurred_at < cutoff]
-    if status == "sent":
+    if status == SENT:
         where.append(T.c.sent_at < cutoff)
     return where
 
@@ -191,7 +190,7 @@ def _past(cutoff: datetime, status: str) -> list[Any]:
 def _candidates(conn: Connection, status: str, cutoff: datetime, mark: Any) -> list[Any]:
     """What a prune (and its dry run) removes of ``status``."""
     where = _past(cutoff, status)
-    if status == "sent":  # only what the sent rollup holds
+    if status == SENT:  # only what the sent rollup holds
         where += [T.c.sent_at < mark.at, T.c.id <= mark.id]
     if conn.dialect.name != "postgresql":
         # SQLite hands out max(id) + 1 when a table has no AUTOINCREMENT: deleting the newest
@@ -208,7 +207,7 @@ def _prune_batch(conn: Connection, status: str, cutoff: datetime,
     """One batch of ``status`` rows: delete, count into the rollup, delete their calls.
     Returns (events, calls) removed."""
     mark = read_mark(conn, SENT_USAGE)  # only ever moves forward: what it held, it holds
-    order = T.c.sent_at if status == "sent" else T.c.occurred_at
+    order = T.c.sent_at if status == SENT else T.c.occurred_at
     pick = (select(T.c.id).where(*_candidates(conn, status, cutoff, mark))
             .order_by(order).limit(batch_size))
     if conn.dialect.name == "postgresql":

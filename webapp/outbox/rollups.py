@@ -27,6 +27,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, Connection, Engine, case, delete, func, literal_column, select
 from sqlalchemy import update as sa_update
 
+from ..status import SENT
 from .sql import (
     ATTEMPT_ROLLUP,
     ATTEMPTS,
@@ -82,7 +83,7 @@ def read_mark(conn: Connection, name: str) -> Mark:
 def live_sent(mark: Mark) -> ColumnElement[bool]:
     """Sent events not in the rollup: stamped at or after its watermark, or written after
     its last fold (a small range of ``ix_outbox_sent_at`` OR'ed with one of the primary key)."""
-    return status_is("sent") & ((T.c.sent_at >= mark.at) | (T.c.id > mark.id))
+    return status_is(SENT) & ((T.c.sent_at >= mark.at) | (T.c.id > mark.id))
 
 
 def live_attempts(mark: Mark) -> ColumnElement[bool]:
@@ -152,7 +153,7 @@ def rebuild(engine: Engine, *, now: datetime, margin: timedelta) -> None:
             select(PRUNED_ROLLUP.c.day, PRUNED_ROLLUP.c.tenant_id,
                    PRUNED_ROLLUP.c.stripe_customer_id, PRUNED_ROLLUP.c.meter,
                    PRUNED_ROLLUP.c.events, PRUNED_ROLLUP.c.quantity)
-            .where(PRUNED_ROLLUP.c.status == "sent"))]
+            .where(PRUNED_ROLLUP.c.status == SENT))]
         add_sent(conn, pruned)
         conn.execute(sa_update(ROLLUP_STATE).where(ROLLUP_STATE.c.name == SENT_USAGE)
                      .values(events=sum(g[4] for g in pruned),

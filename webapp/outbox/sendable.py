@@ -30,22 +30,11 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, and_, exists, or_, text
 
+from ..status import FINAL, IN_FLIGHT, NEEDS_A_PERSON, ON_ITS_WAY, WAITING, sql_in
 from .sql import TENANTS, T
-from .states import Status
-
-#: Waiting for a claim: never tried, or tried and due again at ``next_attempt_at``.
-WAITING = (Status.PENDING.value, Status.RETRYING.value)
-#: Held by one worker's claim until its deadline.
-IN_FLIGHT = (Status.PROCESSING.value,)
-#: On its way to Stripe: waiting or in flight (Stripe has not answered for it yet).
-ON_ITS_WAY = (Status.PENDING.value, Status.PROCESSING.value, Status.RETRYING.value)
-#: Waiting for a person: dead (not delivered) or rejected (delivered, then refused).
-NEEDS_A_PERSON = (Status.DEAD.value, Status.REJECTED.value)
-#: Closed for good: nothing moves them again.
-FINAL = (Status.RESOLVED.value, Status.CANCELLED.value)
 
 #: ``waiting`` in SQL, as ``ix_outbox_claimable``'s predicate reads.
-WAITING_SQL = text("stripe_usage_outbox.status IN ('pending', 'retrying')")
+WAITING_SQL = text(sql_in(WAITING, "stripe_usage_outbox.status"))
 #: The event's tenant has a Stripe customer (as a correlated EXISTS).
 TENANT_MAPPED = exists().where(TENANTS.c.tenant_id == T.c.tenant_id,
                                TENANTS.c.stripe_customer_id.is_not(None))
@@ -53,7 +42,7 @@ TENANT_MAPPED = exists().where(TENANTS.c.tenant_id == T.c.tenant_id,
 #: The whole condition inside the PostgreSQL claim written out (``o``: the outbox row,
 #: ``t``: its tenant, LEFT JOINed; ``:now`` bound), the same terms as :func:`sendable_now`
 #: but the meters, which the claim adds when it has them.
-PG_WAITING = "o.status IN ('pending', 'retrying')"
+PG_WAITING = sql_in(WAITING, "o.status")
 PG_SENDABLE_NOW = PG_WAITING + """
       AND o.next_attempt_at <= :now
       AND (o.stripe_customer_id IS NOT NULL OR t.stripe_customer_id IS NOT NULL)"""

@@ -82,6 +82,7 @@ from ..models import (
     UnbilledUsage,
     User,
 )
+from ..status import NOT_WAITING, PROCESSING, SENT
 from .guards import AnyOf, Condition, Equals, Not, OlderThan, StatusIn
 from .states import ALL_STATUSES
 
@@ -158,13 +159,12 @@ def status_in(statuses: Sequence[str]) -> ColumnElement[bool]:
 
 
 #: The predicate of ``ix_outbox_unsent``: neither sent nor in flight.
-IDLE_UNSENT = T.c.status.not_in([sql_str("sent"), sql_str("processing")])
+IDLE_UNSENT = T.c.status.not_in([sql_str(s) for s in (SENT, PROCESSING)])
 #: Pending or retrying: the predicate of ``ix_outbox_waiting_created``, the complement of the
 #: other statuses (so SQLite never takes that index for the claim's).
-WAITING_IDLE = T.c.status.not_in([sql_str(s) for s in ("sent", "processing", "dead",
-                                                        "resolved", "rejected", "cancelled")])
+WAITING_IDLE = T.c.status.not_in([sql_str(s) for s in NOT_WAITING])
 #: Events in flight: the predicate of ``ix_outbox_processing_deadline``.
-IN_FLIGHT_WHERE = T.c.status == sql_str("processing")
+IN_FLIGHT_WHERE = T.c.status == sql_str(PROCESSING)
 
 
 def condition_sql(cond: Condition, columns: Mapping[str, Any], *, now: datetime,

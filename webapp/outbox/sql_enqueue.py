@@ -21,6 +21,7 @@ from collections.abc import Iterator
 
 from sqlalchemy import Connection, text
 
+from ..status import PENDING, sql_list
 from .enqueue import MAX_QUANTITY
 from .ids import TEXT_LIMIT
 from .states import MAX_AGE, MAX_AHEAD
@@ -144,7 +145,7 @@ BEGIN
                                      next_attempt_at, created_at, updated_at, status,
                                      attempt_count, call_count, key_generation{source_column})
     VALUES (p_tenant_id, v_meter, p_quantity, p_idempotency_key, v_at, v_now, v_now, v_now,
-            'pending', 0, 0, 0{source_value})
+            {sql_list([PENDING])}, 0, 0, 0{source_value})
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING id INTO v_id;
     IF v_id IS NOT NULL THEN

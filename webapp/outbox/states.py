@@ -36,24 +36,17 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 
+from ..status import ALL
+from ..status import Status as Status  # the outbox's modules import it from here
+
 #: Stripe refuses events whose timestamp is older than this …
 MAX_AGE = timedelta(days=35)
 #: … or further ahead than this.
 MAX_AHEAD = timedelta(minutes=5)
 
 
-class Status(StrEnum):
-    PENDING = "pending"
-    PROCESSING = "processing"
-    RETRYING = "retrying"
-    SENT = "sent"
-    DEAD = "dead"
-    RESOLVED = "resolved"
-    REJECTED = "rejected"
-    CANCELLED = "cancelled"
-
-
-ALL_STATUSES = tuple(s.value for s in Status)
+#: Every status (``webapp.status`` spells them and their groups).
+ALL_STATUSES = ALL
 
 
 class Outcome(StrEnum):

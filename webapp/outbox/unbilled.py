@@ -29,6 +29,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, delete, func, or_, select, union
 
+from ..status import SENT
 from . import stripe_runs
 from .evidence import FREE
 from .sql import (
@@ -135,11 +136,11 @@ def _customers(conn: Connection, since: datetime | None) -> set[str]:
     """The customers to look at: every one with sent events the first time; then those with
     events sent since, subscriptions changed since, or invoices read since."""
     if since is None:
-        sent = select(T.c.stripe_customer_id).where(status_is("sent"),
+        sent = select(T.c.stripe_customer_id).where(status_is(SENT),
                                                     T.c.stripe_customer_id.is_not(None))
         return {str(c) for c in conn.execute(sent.distinct()).scalars()}
     parts = union(
-        select(T.c.stripe_customer_id.label("c")).where(status_is("sent"),
+        select(T.c.stripe_customer_id.label("c")).where(status_is(SENT),
                                                         T.c.sent_at > since),
         select(SUBSCRIPTIONS.c.stripe_customer_id).where(SUBSCRIPTIONS.c.changed_at > since),
         select(INVOICES.c.stripe_customer_id).where(INVOICES.c.seen_at > since))
@@ -151,7 +152,7 @@ def _look(conn: Connection, customers: Sequence[str], refreshed: datetime,
     """Judge every event Stripe took for these customers before ``refreshed``, and keep what
     lands on no invoice in place of what was kept for them. How many do."""
     coverage = _coverage(conn, customers)
-    taken = [status_is("sent"), T.c.sent_at <= refreshed, T.c.occurred_at <= refreshed]
+    taken = [status_is(SENT), T.c.sent_at <= refreshed, T.c.occurred_at <= refreshed]
     # Customers whose every meter's events a subscription bills from before the first of
     # them to after the last: nothing of theirs can be unbilled, and no event is read.
     spans = conn.execute(select(T.c.stripe_customer_id, T.c.meter, func.min(T.c.occurred_at),
@@ -259,7 +260,7 @@ def unbilled_events(conn: Connection, *, tenant_id: str | None = None,
                    UNBILLED.c.stripe_customer_id, UNBILLED.c.reason,
                    UNBILLED.c.subscription_id)
             .select_from(UNBILLED).join(T, T.c.id == UNBILLED.c.event_id)
-            .where(status_is("sent")).order_by(T.c.occurred_at, T.c.id))
+            .where(status_is(SENT)).order_by(T.c.occurred_at, T.c.id))
     if tenant_id is not None:
         stmt = stmt.where(T.c.tenant_id == tenant_id)
     if reasons is not None:
@@ -277,7 +278,7 @@ def unbilled_totals(conn: Connection) -> dict[str, tuple[int, int]]:
         select(UNBILLED.c.reason, func.count().label("events"),
                func.sum(T.c.quantity).label("units"))
         .select_from(UNBILLED).join(T, T.c.id == UNBILLED.c.event_id)
-        .where(status_is("sent")).group_by(UNBILLED.c.reason))}
+        .where(status_is(SENT)).group_by(UNBILLED.c.reason))}
 
 
 def tenants_of(conn: Connection, customers: Iterable[str]) -> dict[str, str]:

@@ -13,7 +13,6 @@ from typing import Any
 from sqlalchemy import Connection, func, select, union_all
 
 from ..outbox.rollups import ROLLUPS, fold_target, read_mark, sent_total
-from ..outbox.sendable import WAITING
 from ..outbox.sql import (
     EPOCH,
     IDLE_UNSENT,
@@ -27,14 +26,12 @@ from ..outbox.sql import (
     status_is,
 )
 from ..outbox.states import ALL_STATUSES, MAX_AGE
+from ..status import DEAD, PROCESSING, RESOLVED, RESTING, SENT, UNSENT_OPEN, WAITING
 
-#: Unsent and not closed, but for those in flight (counted through IN_FLIGHT_WHERE): on their way,
-#: or dead (sent again only by a person's requeue).
-UNSENT_OPEN = (*WAITING, "dead")
 #: Unsent statuses with a partial index of their own, counted through it.
-OWN_INDEX = ("dead", "resolved")
+OWN_INDEX = (DEAD, RESOLVED)
 #: The other unsent statuses, counted from their ranges of ``ix_outbox_unsent``.
-RANGED = tuple(s for s in ALL_STATUSES if s not in ("sent", "processing", *OWN_INDEX))
+RANGED = tuple(s for s in RESTING if s not in OWN_INDEX)
 #: Stripe rejects events older than 35 days; warn this long before.
 NEAR_LIMIT = timedelta(days=7)
 
@@ -53,11 +50,11 @@ def status_counts(conn: Connection) -> dict[str, int]:
             .where(status_is(s), IDLE_UNSENT) for s in OWN_INDEX]
     legs.append(select(T.c.status, func.count().label("n"))
                 .where(status_in(RANGED), IDLE_UNSENT).group_by(T.c.status))
-    legs.append(select(sql_str("processing").label("status"), func.count().label("n"))
+    legs.append(select(sql_str(PROCESSING).label("status"), func.count().label("n"))
                 .where(IN_FLIGHT_WHERE))
     for status, n in conn.execute(union_all(*legs)):
         counts[str(status)] = int(n)
-    counts["sent"] = sent_total(conn)
+    counts[SENT] = sent_total(conn)
     return counts
 
 
@@ -80,7 +77,7 @@ def age_limits(conn: Connection, now: datetime,
         counts = status_counts(conn)
     limit = now - MAX_AGE
     parts: dict[str, tuple[Any, ...]] = {s: (status_is(s), IDLE_UNSENT) for s in UNSENT_OPEN}
-    parts["processing"] = (IN_FLIGHT_WHERE,)
+    parts[PROCESSING] = (IN_FLIGHT_WHERE,)
     legs = []
     for where in parts.values():
         legs.append(select(sql_str("inside").label("k"), func.count().label("n"))

@@ -26,6 +26,7 @@ from ..outbox.sql import (
     status_is,
 )
 from ..outbox.states import DEAD_EXHAUSTED, DEAD_PAST_WINDOW, MAX_AGE
+from ..status import DEAD, RESOLVED
 from .counts import NEAR_LIMIT
 from .paging import Cursor, Page, keyset
 from .usage_sources import many_rows
@@ -42,7 +43,7 @@ AGES = {
     "gt7d": "dead for over 7 days",
     "near_limit": "occurred over 28 days ago",
 }
-DEAD_STATUSES = {"dead": "Dead (to act on)", "resolved": "Resolved (history)"}
+DEAD_STATUSES = {DEAD: "Dead (to act on)", RESOLVED: "Resolved (history)"}
 KINDS = {"unknown_past_window": "outcome unknown past the 24 h window",
          "exhausted": "retries exhausted", "permanent": "permanent error"}
 
@@ -51,7 +52,7 @@ KINDS = {"unknown_past_window": "outcome unknown past the 24 h window",
 class DeadFilters:
     """The page's filters; raises ``ValueError`` naming a bad one."""
 
-    status: str = "dead"
+    status: str = DEAD
     tenant: str = ""
     meter: str = ""
     code: str = ""
@@ -71,7 +72,7 @@ class DeadFilters:
     def params(self) -> dict[str, str]:
         """The non-empty filters, as query-string parameters."""
         return {k: v for k, v in self.__dict__.items() if v and not (k == "status" and
-                                                                      v == "dead")}
+                                                                      v == DEAD)}
 
     def conditions(self, now: datetime) -> list[Any]:
         where: list[Any] = [status_is(self.status), T.c.dead_at.is_not(None)]
@@ -130,7 +131,7 @@ def check_row(row: dict[str, Any], *, now: datetime, window_seconds: float) -> R
 def _pieces(filters: DeadFilters) -> tuple[Any, ...]:
     """Dead rows are read in two disjoint pieces, each through its own index (``DEAD_PIECES``);
     resolved ones through ``ix_outbox_resolved`` alone."""
-    return DEAD_PIECES if filters.status == "dead" else ()
+    return DEAD_PIECES if filters.status == DEAD else ()
 
 
 def dead_letters(engine: Engine, filters: DeadFilters, *, now: datetime, window_seconds: float,
@@ -151,7 +152,7 @@ def dead_letters(engine: Engine, filters: DeadFilters, *, now: datetime, window_
     rows = [found[i] for i in ids]  # one snapshot (``reading``): every id is still there
     for r in rows:
         r["requeue"] = (check_row(r, now=now, window_seconds=window_seconds).value
-                        if r["status"] == "dead" else None)
+                        if r["status"] == DEAD else None)
         r["near_limit"] = r["occurred_at"] < now - (MAX_AGE - NEAR_LIMIT)
     return Page(rows, keys.next, keys.prev)
 
@@ -195,7 +196,7 @@ def dead_letter_groups(engine: Engine, filters: DeadFilters, *, now: datetime,
     pieces = [base.where(p) for p in _pieces(filters)] or [base]
     with reading(engine) as conn:
         if len(pieces) > 1 and conn.execute(
-                select(T.c.id).where(status_is("dead"), DEAD_PIECES[1]).limit(1)).first() is None:
+                select(T.c.id).where(status_is(DEAD), DEAD_PIECES[1]).limit(1)).first() is None:
             # No dead row is too long for the covering index (the usual case): read it alone.
             # Over a union the planner underestimates the rows and sorts them all instead.
             pieces = pieces[:1]
@@ -245,7 +246,7 @@ def requeue_preview(engine: Engine, filters: DeadFilters, *, now: datetime,
     each sorted by the requeue rule compiled to SQL (:data:`REQUEUE_RULE`), so a preview of
     thousands reads no timestamps into Python. Raises ``ValueError`` unless the filters
     select dead events."""
-    if filters.status != "dead":
+    if filters.status != DEAD:
         raise ValueError("only dead events can be requeued")
     near_cut = now - (MAX_AGE - NEAR_LIMIT)
     verdict = rule_sql(REQUEUE_RULE, RequeueCheck.OK.value, dict(T.c.items()), now=now,

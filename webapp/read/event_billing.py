@@ -22,6 +22,7 @@ from ..outbox.sql import (
     as_utc,
 )
 from ..outbox.unbilled import NO_ITEM, PAUSED, TRIAL
+from ..status import SENT
 
 #: Why usage lands on no invoice, as a sentence.
 UNBILLED_WORDS = {
@@ -65,7 +66,7 @@ def event_billing(conn: Connection, event: dict[str, Any]) -> EventBilling | Non
         return EventBilling("written_off", "It reached Stripe after its invoice "
                             f"{handled.invoice_id} was final and was written off "
                             f"({handled.reason}): it will not be billed.", handled.invoice_id)
-    if event["status"] != "sent":
+    if event["status"] != SENT:
         return None
     reason = conn.execute(select(UNBILLED.c.reason).where(
         UNBILLED.c.event_id == event_id)).scalar()

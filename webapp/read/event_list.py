@@ -19,7 +19,6 @@ from typing import Any
 from sqlalchemy import Connection, Engine, and_, false, func, or_, select
 
 from ..db import exporting, reading
-from ..outbox.sendable import WAITING
 from ..outbox.sql import (
     AUDIT_EVENTS,
     ERROR_SAMPLES,
@@ -37,8 +36,9 @@ from ..outbox.sql import (
 )
 from ..outbox.states import ALL_STATUSES, DEAD_EXHAUSTED, DEAD_PAST_WINDOW, MAX_AGE
 from ..outbox.tracing import request_event_ids
+from ..status import PROCESSING, REACHED_STRIPE, SENT, UNSENT_OPEN, WAITING
 from .billed import billed_to, tenants_billed_to
-from .counts import NEAR_LIMIT, UNSENT_OPEN
+from .counts import NEAR_LIMIT
 from .event_filters import NONE, EventFilters
 
 #: The most rows one page shows, and the default.
@@ -51,9 +51,7 @@ EXPORT_BATCH = 1000
 EXPORT_FIRST_IDS = 50_000
 
 #: The statuses the age limit and "due" apply to (as ``counts.age_limits`` and the claim).
-AGE_STATUSES = (*UNSENT_OPEN, "processing")
-#: The statuses of events Stripe accepted (the ones with a ``sent_at``).
-SENT_STATUSES = ("sent", "rejected", "cancelled")
+AGE_STATUSES = (*UNSENT_OPEN, PROCESSING)
 
 LIST_COLUMNS = (T.c.id, T.c.tenant_id, T.c.meter, T.c.quantity, T.c.idempotency_key,
                 T.c.status, T.c.attempt_count, T.c.occurred_at, T.c.created_at, T.c.sent_at,
@@ -71,7 +69,7 @@ def _statuses(f: EventFilters) -> tuple[str, ...] | None:
     """The statuses the filters allow (None: any), each filter narrowing the others."""
     allowed: set[str] | None = set(f.status) if f.status else None
     for implied in ((WAITING if f.due else None), (AGE_STATUSES if f.age else None),
-                    (SENT_STATUSES if f.sent_from or f.sent_to else None)):
+                    (REACHED_STRIPE if f.sent_from or f.sent_to else None)):
         if implied is not None:
             allowed = set(implied) if allowed is None else allowed & set(implied)
     if allowed is None:
@@ -159,7 +157,7 @@ def _common(conn: Connection, f: EventFilters, now: datetime) -> list[Any]:
         found = select(UNBILLED.c.event_id)
         if f.unbilled != "any":
             found = found.where(UNBILLED.c.reason == f.unbilled)
-        where += [T.c.id.in_(found), status_is("sent")]
+        where += [T.c.id.in_(found), status_is(SENT)]
     if f.attempts_min is not None:
         where.append(T.c.attempt_count >= f.attempts_min)
     if f.attempts_max is not None:
@@ -185,7 +183,7 @@ def _on_line(conn: Connection, line: str, place: str) -> Any:
         INVOICE_PERIODS.c.subscription_item_id == item_id)).first()
     if found is None or found.meter is None:
         return false()
-    return and_(status_is("sent"), T.c.stripe_customer_id == found.stripe_customer_id,
+    return and_(status_is(SENT), T.c.stripe_customer_id == found.stripe_customer_id,
                 T.c.meter == found.meter, T.c.occurred_at >= found.period_start,
                 T.c.occurred_at < found.period_end,
                 T.c.id.not_in(rows.where(or_(late, unsettled))))
@@ -211,7 +209,7 @@ def _pieces(conn: Connection, f: EventFilters, now: datetime) -> list[Piece]:
     if statuses is None and (f.tenant or f.customer):
         # A tenant's events: through its index (which leaves the few in flight out), and
         # those in flight through the rescuer's, as the tenant page reads them.
-        return [Piece([T.c.status != sql_str("processing"), *common]),
+        return [Piece([T.c.status != sql_str(PROCESSING), *common]),
                 Piece([IN_FLIGHT_WHERE, *common])]
     if statuses is None:
         return [Piece(common)]
@@ -220,8 +218,8 @@ def _pieces(conn: Connection, f: EventFilters, now: datetime) -> list[Piece]:
     narrowing = bool(f.age or f.due or f.occurred_from or f.occurred_to
                      or f.period_start is not None or f.period_end is not None)
     # Each with the predicate of its partial index written out, as the other reads do.
-    return [Piece([status_is(s), *([IDLE_UNSENT] if s not in ("sent", "processing") else []),
-                   *common], narrow=narrowing and s != "sent")
+    return [Piece([status_is(s), *([IDLE_UNSENT] if s not in (SENT, PROCESSING) else []),
+                   *common], narrow=narrowing and s != SENT)
             for s in statuses]
 
 

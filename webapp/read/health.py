@@ -36,6 +36,7 @@ from ..outbox.meters import active_meters, known_meter
 from ..outbox.sendable import TENANT_MAPPED, WAITING_SQL, addressed, due, sendable_now_sql
 from ..outbox.sql import HEARTBEATS as H
 from ..outbox.sql import TENANTS, T, as_utc, status_is
+from ..status import SENT
 from .words import pre_aggregated_words
 
 #: Nothing sent for this long while events are due: stalled.
@@ -116,7 +117,7 @@ def health(conn: Connection, *, now: datetime, api_key_here: bool) -> Health:
                                 H.c.next_probe_at, H.c.last_failure, H.c.last_sent_at)
                          .where(H.c.seen_at >= now - GONE_AFTER)).all()
     last_sent = as_utc(conn.execute(select(func.max(T.c.sent_at))
-                                    .where(status_is("sent"))).scalar())
+                                    .where(status_is(SENT))).scalar())
     listing = stripe_runs.run_status(conn, stripe_runs.METERS)
     active = set(active_meters(conn)) if listing.ran_at is not None else None
     due = _due(conn, now, active)

@@ -15,10 +15,12 @@ from ..outbox import stripe_runs
 from ..outbox.sql import NOTIFY_ALERTS as A
 from ..outbox.sql import NOTIFY_DELIVERIES as D
 from ..outbox.sql import as_utc
+from ..status import DELIVERY_ALL, DELIVERY_FAILED, DELIVERY_PENDING
 
 #: How many of the latest messages the page lists.
 LATEST = 50
-STATUSES = ("pending", "sent", "failed")
+#: A delivery's statuses, the page's filter choices (the name ``web.notifications`` imports).
+STATUSES = DELIVERY_ALL
 
 
 @dataclass(frozen=True)
@@ -115,7 +117,8 @@ def notifications_page(engine: Engine, notify: Notify, *, channel: str | None = 
         runs = stripe_runs.run_statuses(conn, [stripe_runs.NOTIFY[c] for c in NOTIFY_CHANNELS])
         counts = {(c, s): int(n) for c, s, n in conn.execute(
             select(D.c.channel, D.c.status, func.count())
-            .where(D.c.status.in_(["pending", "failed"])).group_by(D.c.channel, D.c.status))}
+            .where(D.c.status.in_([DELIVERY_PENDING, DELIVERY_FAILED]))
+            .group_by(D.c.channel, D.c.status))}
         alerts = {r.kind: r for r in conn.execute(select(A))}
         q = select(D.c.id, D.c.message_id, D.c.kind, D.c.event, D.c.channel, D.c.status,
                    D.c.created_at, D.c.sent_at, D.c.next_attempt_at, D.c.attempts,
@@ -127,8 +130,8 @@ def notifications_page(engine: Engine, notify: Notify, *, channel: str | None = 
         rows = conn.execute(q.order_by(D.c.id.desc()).limit(LATEST)).all()
     on = set(notify.channels)
     channels = [Channel(c, CHANNEL_NAMES[c], c in on, _where(c, notify), notify.kinds_for(c),
-                        runs[stripe_runs.NOTIFY[c]], counts.get((c, "pending"), 0),
-                        counts.get((c, "failed"), 0)) for c in NOTIFY_CHANNELS]
+                        runs[stripe_runs.NOTIFY[c]], counts.get((c, DELIVERY_PENDING), 0),
+                        counts.get((c, DELIVERY_FAILED), 0)) for c in NOTIFY_CHANNELS]
     states = []
     for kind in NOTIFY_KINDS:
         r = alerts.get(kind)

@@ -17,8 +17,8 @@ from ..db import reading
 from ..outbox import stripe_runs
 from ..outbox.billing_watch import Watch, watched
 from ..outbox.control import PauseState, pause_state
-from ..outbox.sendable import ON_ITS_WAY, WAITING
 from ..outbox.sql import ATTEMPTS, T, status_is
+from ..status import DEAD, ON_ITS_WAY, REJECTED, WAITING
 from .alerts import EVENTS, Alert
 from .alerts import human as _human
 from .billing_alerts import billing_alerts
@@ -100,7 +100,7 @@ def alerts_now(conn: Connection, *, now: datetime, api_key_here: bool,
 
 def _dead_last_day(conn: Connection, now: datetime) -> int:
     return int(conn.execute(select(func.count()).where(
-        status_is("dead"), T.c.dead_at >= now - timedelta(days=1))).scalar_one())
+        status_is(DEAD), T.c.dead_at >= now - timedelta(days=1))).scalar_one())
 
 
 @dataclass(frozen=True)
@@ -244,14 +244,14 @@ def _alerts(ov: AlertFacts, oldest_alert: timedelta) -> list[Alert]:
     sending = sending_alert(ov.health)
     if sending is not None:
         alerts.append(sending)
-    if ov.counts["dead"]:
+    if ov.counts[DEAD]:
         alerts.append(Alert(
             "critical" if ov.dead_last_day else "warning",
-            f"{ov.counts['dead']:,} dead letter{'s' if ov.counts['dead'] != 1 else ''}",
+            f"{ov.counts[DEAD]:,} dead letter{'s' if ov.counts[DEAD] != 1 else ''}",
             f"{ov.dead_last_day:,} new in the last 24 h",
-            EVENTS, {"status": "dead"},
+            EVENTS, {"status": DEAD},
             "Requeue or resolve them", "dead_letters.index",
-            kind="dead_letters", count=ov.counts["dead"]))
+            kind="dead_letters", count=ov.counts[DEAD]))
     age = ov.oldest_waiting_age
     if age is not None and age > oldest_alert.total_seconds():
         alerts.append(Alert("warning", "Events are waiting too long",
@@ -277,12 +277,12 @@ def _alerts(ov: AlertFacts, oldest_alert: timedelta) -> list[Alert]:
                               ("Requeue the dead ones", "dead_letters.index")),
                             {} if ov.unmapped else {"age": "near_limit"},
                             kind="near_age_limit", count=ov.near_limit))
-    if ov.counts.get("rejected"):
-        n = ov.counts["rejected"]
+    if ov.counts.get(REJECTED):
+        n = ov.counts[REJECTED]
         alerts.append(Alert("critical", f"{n:,} event{'s' if n != 1 else ''} rejected by Stripe",
                             "Stripe accepted them, then reported them invalid: nothing was "
                             "billed. Fix the cause, then requeue or resolve them.",
-                            EVENTS, {"status": "rejected"},
+                            EVENTS, {"status": REJECTED},
                             "Requeue or resolve them", "rejected.index",
                             kind="rejected", count=n))
     for w in ov.waiting_for_meters:

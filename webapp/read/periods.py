@@ -39,6 +39,7 @@ from ..outbox.sql import (
     as_utc,
     int_sum,
 )
+from ..status import NEEDS_A_PERSON
 
 #: A period ending within this long is closing (its invoice is drafted at its end).
 ENDS_WITHIN = timedelta(days=1)
@@ -157,7 +158,7 @@ def closing_periods(conn: Connection, now: datetime) -> list[ClosingPeriod]:
 
 
 def _waits_for(status: str, meter_active: bool) -> str:
-    if status in ("dead", "rejected"):
+    if status in NEEDS_A_PERSON:
         return "person"
     if not meter_active:
         return "meter"

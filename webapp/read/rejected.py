@@ -13,6 +13,7 @@ from ..db import reading
 from ..outbox.guards import RequeueCheck, requeue_check
 from ..outbox.sql import TENANTS, T, as_utc, int_sum, status_is, text_in
 from ..outbox.states import MAX_AGE
+from ..status import REJECTED
 from .counts import NEAR_LIMIT
 from .paging import Cursor, Page, keyset
 
@@ -74,7 +75,7 @@ class RejectedFilters:
         return {k: v for k, v in self.__dict__.items() if v}
 
     def conditions(self) -> list[Any]:
-        where: list[Any] = [status_is("rejected"), T.c.rejected_at.is_not(None)]
+        where: list[Any] = [status_is(REJECTED), T.c.rejected_at.is_not(None)]
         if self.tenant:
             where.append(T.c.tenant_id == self.tenant)
         if self.meter:

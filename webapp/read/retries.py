@@ -12,8 +12,8 @@ from typing import Any
 from sqlalchemy import Connection, Engine, cast, func, select
 
 from ..db import reading
-from ..outbox.sendable import WAITING
 from ..outbox.sql import IDLE_UNSENT, T, row_dict, sql_str, status_in, status_is
+from ..status import DEAD, RETRYING, SENT, WAITING
 
 
 @dataclass(frozen=True)
@@ -58,10 +58,10 @@ def retries(engine: Engine, *, now: datetime, split: str = "outcome",
     key = (func.coalesce(T.c.last_outcome, sql_str("none")) if split == "outcome" else
            func.coalesce(T.c.last_error_code, cast(T.c.last_http_status, T.c.last_error_code.type),
                          sql_str("none")))
-    recent = (select(T.c.id).where(status_is("sent"), T.c.sent_at.is_not(None))
+    recent = (select(T.c.id).where(status_is(SENT), T.c.sent_at.is_not(None))
               .order_by(T.c.sent_at.desc()).limit(RECENT_SENT).scalar_subquery())
-    groups = (("Retrying now", (status_is("retrying"), IDLE_UNSENT), "retrying"),
-              ("Dead now", (status_is("dead"), IDLE_UNSENT), "dead"),
+    groups = (("Retrying now", (status_is(RETRYING), IDLE_UNSENT), RETRYING),
+              ("Dead now", (status_is(DEAD), IDLE_UNSENT), DEAD),
               (f"Last {RECENT_SENT:,} sent", (T.c.id.in_(recent),), None))
     with reading(engine) as conn:
         histograms = [_histogram(conn, label, where, key, status)
@@ -71,9 +71,9 @@ def retries(engine: Engine, *, now: datetime, split: str = "outcome",
                    T.c.call_count, T.c.next_attempt_at, T.c.last_outcome, T.c.last_error_code,
                    T.c.last_http_status, T.c.last_error_message, T.c.first_unknown_at,
                    T.c.occurred_at)
-            .where(status_in(WAITING), T.c.status == "retrying")
+            .where(status_in(WAITING), T.c.status == RETRYING)
             .order_by(T.c.next_attempt_at, T.c.id).limit(limit)).all()
-        total = int(conn.execute(select(func.count()).where(status_is("retrying"), IDLE_UNSENT))
+        total = int(conn.execute(select(func.count()).where(status_is(RETRYING), IDLE_UNSENT))
                     .scalar_one())
     return RetriesPage(now, split, histograms, [row_dict(r) for r in rows], total)
 

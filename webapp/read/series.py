@@ -19,6 +19,7 @@ from sqlalchemy import Connection, Select, func, literal, literal_column, select
 
 from ..outbox.rollups import SENT_USAGE, live_sent, read_mark
 from ..outbox.sql import SENT_DAY, SENT_ROLLUP, T, epoch_bucket, int_sum, status_is, utc_day
+from ..status import SENT
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ def sent_by_time_sent(conn: Connection, now: datetime, seconds: int,
     first = last - count + 1
     since = datetime.fromtimestamp(first * seconds, UTC)
     inner = (select(epoch_bucket(T.c.sent_at, literal(seconds)).label("b"))
-             .where(status_is("sent"), T.c.sent_at >= since).subquery())
+             .where(status_is(SENT), T.c.sent_at >= since).subquery())
     got = {int(b): int(n) for b, n in conn.execute(
         select(inner.c.b, func.count()).group_by(inner.c.b))}
     return [Bucket(datetime.fromtimestamp(k * seconds, UTC), got.get(k, 0))

@@ -11,7 +11,6 @@ from sqlalchemy import Connection, Engine, case, func, select
 from ..db import reading
 from ..outbox import stripe_runs
 from ..outbox.meters import ACTIVE, known_meters
-from ..outbox.sendable import WAITING
 from ..outbox.sql import (
     ERROR_SAMPLES,
     IDLE_UNSENT,
@@ -22,6 +21,7 @@ from ..outbox.sql import (
     status_in,
 )
 from ..outbox.stripe_runs import RunStatus
+from ..status import WAITING
 
 
 @dataclass(frozen=True)

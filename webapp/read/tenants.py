@@ -12,7 +12,6 @@ from typing import Any
 from sqlalchemy import Connection, Engine, Select, func, select
 
 from ..db import reading
-from ..outbox.sendable import WAITING
 from ..outbox.sql import (
     IDLE_UNSENT,
     TENANTS,
@@ -23,6 +22,7 @@ from ..outbox.sql import (
     status_in,
     status_is,
 )
+from ..status import PROCESSING, WAITING
 from .compared import COLUMNS as COMPARED
 from .compared import compared_columns, compared_for, compared_of, joined
 from .paging import Cursor, Page, keyset
@@ -105,7 +105,7 @@ def usage_in(conn: Connection, *, start: date, end: date,
     columns), or as ``processing`` of its own with ``in_flight_apart`` (the ``usage``
     command: a pair for every status). Raises ``ValueError`` for a period that ends before
     it starts."""
-    statuses = USAGE_STATUSES + (("processing",) if in_flight_apart else ())
+    statuses = USAGE_STATUSES + ((PROCESSING,) if in_flight_apart else ())
     if tenant_id is None:
         many_rows(conn)
     per = per_row(conn, start, end, tenant_id, in_flight_apart=in_flight_apart).subquery()
@@ -196,7 +196,7 @@ def tenant_detail(engine: Engine, tenant_id: str, *, start: date, end: date,
         tenant = conn.execute(select(TENANTS).where(TENANTS.c.tenant_id == tenant_id)).first()
         page = keyset(conn, stmt, T.c.created_at, T.c.id, after=after, before=before,
                       limit=limit, key="created_at",
-                      parts=(T.c.status != sql_str("processing"), status_is("processing")))
+                      parts=(T.c.status != sql_str(PROCESSING), status_is(PROCESSING)))
         waiting = int(conn.execute(select(func.count()).where(
             status_in(WAITING), IDLE_UNSENT, T.c.tenant_id == tenant_id))
             .scalar_one())

@@ -9,11 +9,8 @@ from datetime import datetime
 from sqlalchemy import Engine, func, select
 
 from ..db import reading
-from ..outbox.sendable import NEEDS_A_PERSON, ON_ITS_WAY
 from ..outbox.sql import AUDIT, AUDIT_EVENTS, T, row_dict
-
-#: What became of requeued events, in the words of the tracking summary.
-SETTLED_SENT = ("sent",)
+from ..status import NEEDS_A_PERSON, ON_ITS_WAY, SENT
 
 
 @dataclass(frozen=True)
@@ -62,7 +59,7 @@ def tracking(engine: Engine, audit_ids: tuple[int, ...]) -> Tracking | None:
                               .where(AUDIT_EVENTS.c.audit_id.in_(audit_ids))))
             .group_by(T.c.status))}
     total = sum(by.values())
-    sent = sum(by.get(s, 0) for s in SETTLED_SENT)
+    sent = by.get(SENT, 0)
     waiting = sum(by.get(s, 0) for s in ON_ITS_WAY)
     failed = sum(by.get(s, 0) for s in NEEDS_A_PERSON)
     first = row_dict(entries[0])

@@ -26,7 +26,6 @@ from sqlalchemy import (
 )
 from sqlalchemy import cast as sql_cast
 
-from ..outbox.retention import PRUNABLE
 from ..outbox.rollups import SENT_USAGE, customer_key, live_sent, read_mark
 from ..outbox.sql import (
     IDLE_UNSENT,
@@ -43,13 +42,14 @@ from ..outbox.sql import (
     status_in,
     status_is,
 )
+from ..status import PENDING, PROCESSING, PRUNABLE, SENT, USAGE_ORDER
 
 #: The usage table's columns. Rejected and cancelled events were accepted by Stripe but are
 #: not billed: they are shown apart from ``sent``, never inside it.
-USAGE_STATUSES = ("sent", "pending", "retrying", "rejected", "dead", "cancelled", "resolved")
+USAGE_STATUSES = USAGE_ORDER
 #: Statuses whose pruned events are read from the pruned-usage rollup (pruned sent events
 #: stay in the sent rollups).
-PRUNED_APART = tuple(s for s in PRUNABLE if s != "sent")
+PRUNED_APART = tuple(s for s in PRUNABLE if s != SENT)
 
 
 def period_bounds(start: date, end: date) -> tuple[datetime, datetime]:
@@ -76,7 +76,7 @@ def usage_pieces(conn: Connection, start: date, end: date, tenant_id: str | None
     span = [T.c.occurred_at >= lo, T.c.occurred_at < hi]
     if tenant_id is not None:
         span.append(T.c.tenant_id == tenant_id)
-    unsent = status_in(tuple(s for s in USAGE_STATUSES if s != "sent"))
+    unsent = status_in(tuple(s for s in USAGE_STATUSES if s != SENT))
     mark = read_mark(conn, SENT_USAGE)
     one = sql_cast(literal_column("1"), BigInteger).label("events")
     sent: list[Any] = []
@@ -100,7 +100,7 @@ def usage_pieces(conn: Connection, start: date, end: date, tenant_id: str | None
         select(T.c.tenant_id, will_go, T.c.meter, T.c.status, one, T.c.quantity)
         .where(unsent, IDLE_UNSENT, *span),
         select(T.c.tenant_id, customer_key(T.c.stripe_customer_id), T.c.meter,
-               sql_str("processing" if in_flight_apart else "pending").label("status"), one,
+               sql_str(PROCESSING if in_flight_apart else PENDING).label("status"), one,
                T.c.quantity)
         .where(IN_FLIGHT_WHERE, *span),
     ]
@@ -111,12 +111,12 @@ def usage_pieces(conn: Connection, start: date, end: date, tenant_id: str | None
     minus = sql_cast(literal_column("-1"), BigInteger).label("events")
     taken = (-T.c.quantity).label("quantity")
     sent.append(select(T.c.tenant_id, customer_key(T.c.stripe_customer_id), T.c.meter, minus,
-                       taken).where(status_is("sent"), copies, *span))
+                       taken).where(status_is(SENT), copies, *span))
     other += [
         select(T.c.tenant_id, will_go, T.c.meter, T.c.status, minus, taken)
         .where(unsent, IDLE_UNSENT, copies, *span),
         select(T.c.tenant_id, customer_key(T.c.stripe_customer_id), T.c.meter,
-               sql_str("processing" if in_flight_apart else "pending").label("status"), minus,
+               sql_str(PROCESSING if in_flight_apart else PENDING).label("status"), minus,
                taken)
         .where(IN_FLIGHT_WHERE, copies, *span),
     ]
@@ -272,8 +272,8 @@ def per_row(conn: Connection, start: date, end: date, tenant_id: str | None = No
                         int_sum(o_all.c.events).label("events"),
                         int_sum(o_all.c.quantity).label("quantity"))
                  .group_by(tenant, customer, meter, o_all.c.status).subquery())
-    unsent = [s for s in USAGE_STATUSES if s != "sent"] + (
-        ["processing"] if in_flight_apart else [])
+    unsent = [s for s in USAGE_STATUSES if s != SENT] + (
+        [PROCESSING] if in_flight_apart else [])
     spread = []
     for st in unsent:
         mine = by_status.c.status == sql_str(st)
@@ -298,7 +298,7 @@ def per_row(conn: Connection, start: date, end: date, tenant_id: str | None = No
         *[other.c[f"{st}_{w}"] for st in unsent for w in ("events", "units")]
     ).where(~select(sent.c.tenant_id).where(same).exists())
     rows = union_all(with_sent, only_other).subquery()
-    figures = [rows.c[f"{st}_{w}"] for st in ("sent", *unsent) for w in ("events", "units")]
+    figures = [rows.c[f"{st}_{w}"] for st in (SENT, *unsent) for w in ("events", "units")]
     customer_id = func.nullif(rows.c.customer, "").label("stripe_customer_id")
     if not names:
         return select(rows.c.tenant_id, rows.c.meter, customer_id, *figures)

@@ -37,6 +37,7 @@ from ..outbox.sql import (
     ascii_icontains,
     int_sum,
 )
+from ..status import PROCESSING
 from .compared import compared_for, compared_of, meter_totals
 from .counts import Freshness, UnmappedTenant, rollup_freshness
 from .mappings import waiting_for_customer
@@ -295,7 +296,7 @@ def usage_rows_streamed(engine: Engine, *, start: date, end: date,
     sits in memory whole); events in flight as ``processing`` of their own with
     ``in_flight_apart``, as :func:`~webapp.read.tenants.usage_in` counts them. Raises
     ``ValueError`` for a period that ends before it starts (when first advanced)."""
-    statuses = USAGE_STATUSES + (("processing",) if in_flight_apart else ())
+    statuses = USAGE_STATUSES + ((PROCESSING,) if in_flight_apart else ())
     for part in usage_cells_streamed(engine, start=start, end=end, tenant_id=tenant_id,
                                      in_flight_apart=in_flight_apart):
         yield from usage_rows(part, statuses)
@@ -310,7 +311,7 @@ def usage_cells_streamed(engine: Engine, *, start: date, end: date,
     was compared), for a reader that writes them out without building a ``UsageRow`` each.
     One tenant's rows read what was compared of them alone."""
     period_bounds(start, end)
-    statuses = USAGE_STATUSES + (("processing",) if in_flight_apart else ())
+    statuses = USAGE_STATUSES + ((PROCESSING,) if in_flight_apart else ())
     with reading(engine) as conn:
         if tenant_id is None:
             many_rows(conn)

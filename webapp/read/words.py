@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ..outbox.states import Outcome, Status
+from ..outbox.states import Outcome
+from ..status import Status
 
 #: What each event state means, in one line.
 STATE_WORDS: dict[str, str] = {

@@ -15,6 +15,7 @@ from ..outbox import operations
 from ..outbox.guards import REQUEUE_BULK_WORDS
 from ..read import dead_letters as reads
 from ..read.paging import MAX_PAGE
+from ..status import DEAD
 from .common import now, read_snapshot, render, sign_snapshot, svc
 from .errors import back_to
 from .params import NEXT, NOTE, REASON, SNAPSHOT, Flag, Ids, Text, accepts, page_fields
@@ -24,7 +25,7 @@ bp = Blueprint("dead_letters", __name__)
 #: Signs the preview of a bulk requeue (see ``common.sign_snapshot``).
 SNAPSHOT_SALT = "requeue-all-v1"
 
-STATUS = Text("status", 20, choices=reads.DEAD_STATUSES, default="dead")
+STATUS = Text("status", 20, choices=reads.DEAD_STATUSES, default=DEAD)
 AGE = Text("age", 20, choices=reads.AGES)
 TEXT_FILTERS = tuple(Text(name, 200) for name in ("tenant", "meter", "code", "error_class", "q"))
 FILTERS = (STATUS, AGE, *TEXT_FILTERS)
@@ -113,7 +114,7 @@ def resolve() -> ResponseReturnValue:
 def requeue_all_preview() -> ResponseReturnValue:
     """What "requeue all matching" would do, with the exact ids signed into the form."""
     filters = _filters()
-    if filters.status != "dead":
+    if filters.status != DEAD:
         abort(400, "only dead events can be requeued")
     preview = reads.requeue_preview(svc().engine, filters, now=now(),
                                       window_seconds=_window())

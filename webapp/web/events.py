@@ -9,8 +9,6 @@ from flask.typing import ResponseReturnValue
 from ..outbox.guards import CANCEL_REFUSALS, CancelCheck, cancel_check
 from ..outbox.ids import CUSTOMER_ID_PATTERN
 from ..outbox.operations import RESOLVE_REASONS
-from ..outbox.sendable import NEEDS_A_PERSON
-from ..outbox.states import ALL_STATUSES
 from ..read import event_filters
 from ..read import event_list as lists
 from ..read.dead_letters import check_row
@@ -18,6 +16,7 @@ from ..read.events import EventDetail, event_detail
 from ..read.rejected import reason_text
 from ..read.tracking import tracking
 from ..read.words import CANCEL_WORDS
+from ..status import ALL, NEEDS_A_PERSON, REJECTED
 from ..worker import cancel_events
 from .common import csv_response, now, render, svc
 from .errors import back_to
@@ -43,7 +42,7 @@ CONFIRM = Flag("confirm")
 Q = Text("q", 100)
 
 #: The events list's filters (``read.event_filters.EventFilters``).
-STATUS = Choices("status", ALL_STATUSES)
+STATUS = Choices("status", ALL)
 TENANT = Text("tenant", 100)
 CUSTOMER = Text("customer", 255, pattern=CUSTOMER_ID_PATTERN)
 METER = Text("meter", 100)
@@ -123,7 +122,7 @@ def show(event_id: int) -> ResponseReturnValue:
     cancel = cancel_check(status=ev["status"], sent_at=ev["sent_at"], now=now())
     reason = (reason_text(ev["reject_code"], customer=ev["stripe_customer_id"],
                           meter=ev["meter"], message=ev["reject_message"])
-              if ev["status"] == "rejected" else None)
+              if ev["status"] == REJECTED else None)
     return render("events/show.html", d=detail, ev=ev, requeue=requeue,
                   reasons=RESOLVE_REASONS, cancel=cancel.value, reject_reason=reason)
 
@@ -183,7 +182,7 @@ def find() -> ResponseReturnValue:
     params = dict(filters.params(), **({"limit": limit} if limit != lists.DEFAULT_LIMIT
                                        else {}))
     return render("events/index.html", page=page, f=filters, params=params, limit=limit,
-                  track=track, statuses=ALL_STATUSES, ages=event_filters.AGES,
+                  track=track, statuses=ALL, ages=event_filters.AGES,
                   sources=event_filters.SOURCES, paged=BEFORE.get() is not None,
                   poll_url=url_for("events.find", **params, before=BEFORE.get()))
 

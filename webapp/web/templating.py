@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from datetime import UTC, datetime
+from types import SimpleNamespace
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -26,6 +27,17 @@ from ..read.words import (
     outcome_words,
     pre_aggregated_words,
     state_words,
+)
+from ..status import (
+    DELIVERY_ALL,
+    IN_FLIGHT,
+    NEEDS_A_PERSON,
+    NOT_AT_STRIPE,
+    PENDING,
+    PROCESSING,
+    SENT,
+    TEMPLATE_NAMES,
+    WAITING,
 )
 from ..stripe_gateway.stream import REQUEST_KEY_PREFIX
 from ..users import MIN_PASSWORD, has_role
@@ -157,7 +169,7 @@ def event_url(event_id: int) -> str:
 
 #: A usage figure's status, as the events list filters it: "pending" on the usage pages
 #: counts the events in flight too (``read.tenants.usage_in``).
-USAGE_LIST_STATUSES = {"pending": ("pending", "processing")}
+USAGE_LIST_STATUSES = {PENDING: (PENDING, PROCESSING)}
 
 
 def usage_events_url(tenant_id: str, meter: str, status: str, start: str, end: str,
@@ -221,11 +233,11 @@ def usage_rows(rows: Iterable[Any], statuses: tuple[str, ...], **params: Any) ->
                         f'{q:,}</td>')
             events[s] = (f'<td class="num sub{" zero" if not n else ""}" '
                          f'data-col="{s}_events">{shown}</td>')
-        others = "".join(units[s] + events[s] for s in statuses if s != "sent")
+        others = "".join(units[s] + events[s] for s in statuses if s != SENT)
         out.append(f'<tr data-tenant="{t}" data-meter="{m}" data-customer="{c}"><td><a href="'
                    f'{escape(base)}{escape(quote(r.tenant_id, safe=""))}{query}">{t}</a>'
-                   f'{name}</td><td>{m}</td>{units.get("sent", "")}{stripe_cells(r)}'
-                   f'{events.get("sent", "")}<td>{customer}</td>{others}</tr>\n')
+                   f'{name}</td><td>{m}</td>{units.get(SENT, "")}{stripe_cells(r)}'
+                   f'{events.get(SENT, "")}<td>{customer}</td>{others}</tr>\n')
     return Markup("".join(out))  # noqa: S704 - every database string above is escaped
 
 
@@ -263,10 +275,8 @@ def qs(**params: Any) -> str:
 
 
 #: What a closing period's unsent events wait for, as the events list filters them.
-_WAIT_STATUSES = {"retry": ("pending", "retrying", "processing"), "meter": ("pending",
-                                                                           "retrying"),
-                  "person": ("dead", "rejected"), None: ("pending", "retrying", "processing",
-                                                          "dead", "rejected")}
+_WAIT_STATUSES = {"retry": (*WAITING, *IN_FLIGHT), "meter": WAITING, "person": NEEDS_A_PERSON,
+                  None: NOT_AT_STRIPE}
 
 
 def period_events_url(period: Any, wait: str | None = None) -> str:
@@ -306,7 +316,11 @@ def init_app(app: Flask) -> None:
                                  stripe_url=stripe_url, stripe_link=stripe_link,
                                  min_password=MIN_PASSWORD, cancel_words=CANCEL_WORDS,
                                  requeue_words=REQUEUE_PAGE_WORDS, stripe_keyed=stripe_keyed,
-                                 period_events_url=period_events_url)
+                                 period_events_url=period_events_url,
+                                 # Statuses and their groups, as templates spell them
+                                 # (``S.DEAD``, ``S.WAITING``; ``D.SENT`` for a delivery).
+                                 S=SimpleNamespace(**TEMPLATE_NAMES),
+                                 D=SimpleNamespace(**{d.upper(): d for d in DELIVERY_ALL}))
 
     @app.context_processor
     def inject() -> dict[str, Any]:

@@ -22,6 +22,7 @@ from ..read import usage_reports as reports
 from ..read import usage_table as table_reads
 from ..read.paging import MAX_PAGE
 from ..read.usage_sources import period_bounds
+from ..status import SENT
 from ..worker import ReportBusy, check_customers
 from ..worker import prepare_report as prepare_usage_report
 from . import charts
@@ -71,7 +72,7 @@ REPORT_VIEW = (Text("sort", 20, choices=table_reads.SORTS, source="form"),
 #: The usage table's columns, in the screen's order: the figures a person comes for first
 #: (sent, and Stripe's figure beside it), so they stay on a phone's screen; the file adds the
 #: tenant's name after its id, and when the comparison was made at its end.
-OTHER_STATUSES = tuple(s for s in reads.USAGE_STATUSES if s != "sent")
+OTHER_STATUSES = tuple(s for s in reads.USAGE_STATUSES if s != SENT)
 CSV_HEADER = ["Tenant", "Tenant name", "Meter", "sent units", "Stripe units",
               "Stripe difference", "sent events", "Stripe customer"] + [
     f"{status} {what}" for status in OTHER_STATUSES for what in ("units", "events")] + [
@@ -303,9 +304,9 @@ def _csv_rows(rows: Iterator[reads.UsageRow],
 def _csv_cells(r: reads.UsageRow, first: str, name: str | None) -> list[Any]:
     """One row of the file, in :data:`CSV_HEADER`'s order."""
     compared = r.stripe_units is not None
-    cells: list[Any] = [first, name, r.meter, r.quantity["sent"],
+    cells: list[Any] = [first, name, r.meter, r.quantity[SENT],
                         _figure(r.stripe_units) if compared else NOT_COMPARED,
-                        _figure(r.difference) if compared else "", r.events["sent"],
+                        _figure(r.difference) if compared else "", r.events[SENT],
                         r.stripe_customer_id]
     for status in OTHER_STATUSES:
         cells += [r.quantity[status], r.events[status]]

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TextIO, cast
 
 import click
 
+from ...status import PROCESSING
 from ...stripe_gateway import StripeCallFailed
 from .common import actor, services
 
@@ -188,7 +189,7 @@ def usage(start: str | None, end: str | None, tenant: str | None, as_json: bool)
     last = _parse_day(end) or now.astimezone(UTC).date()
     if last < first:
         raise click.BadParameter(f"--to {last} is before --from {first}")
-    statuses = (*USAGE_STATUSES, "processing")
+    statuses = (*USAGE_STATUSES, PROCESSING)
     out = sys.stdout
     if as_json:
         _usage_json(out, first, last, tenant, statuses)

@@ -34,6 +34,7 @@ from ...models import fit, utcnow
 from ...outbox import stripe_runs
 from ...outbox.sql import NOTIFY_DELIVERIES as D
 from ...outbox.sql import as_utc
+from ...status import DELIVERY_FAILED, DELIVERY_PENDING, DELIVERY_SENT
 from .channels import NAMES, DeliveryFailed, send
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ PRUNE_EVERY = timedelta(hours=1)
 
 
 #: ``ix_notify_deliveries_pending``'s predicate, as literal text.
-PENDING = text("notify_deliveries.status = 'pending'")
+PENDING = text(f"notify_deliveries.status = '{DELIVERY_PENDING}'")
 
 
 def run_name(channel: str) -> str:
@@ -124,7 +125,7 @@ class Deliverer:
                 break  # another process is sending it
             with self.engine.begin() as conn:
                 got = conn.execute(sa_update(D).where(
-                    D.c.id == row.id, D.c.status == "pending",
+                    D.c.id == row.id, D.c.status == DELIVERY_PENDING,
                     D.c.claimed_until.is_(None) | (D.c.claimed_until <= now))
                     .values(claimed_until=now + self.claim_for, claimed_by=self.owner))
             if got.rowcount != 1:
@@ -142,7 +143,7 @@ class Deliverer:
             done_at = self.clock()
             with self.engine.begin() as conn:
                 conn.execute(sa_update(D).where(D.c.id == row.id, D.c.claimed_by == self.owner)
-                             .values(status="sent", sent_at=done_at, last_status=status,
+                             .values(status=DELIVERY_SENT, sent_at=done_at, last_status=status,
                                      attempts=D.c.attempts + 1, last_error=None,
                                      claimed_until=None, claimed_by=None))
             summary.sent += 1
@@ -159,7 +160,7 @@ class Deliverer:
         with self.engine.begin() as conn:
             conn.execute(sa_update(D).where(D.c.id == row.id,
                                             D.c.claimed_by == self.owner)
-                         .values(status="failed" if give_up else "pending",
+                         .values(status=DELIVERY_FAILED if give_up else DELIVERY_PENDING,
                                  attempts=attempts, last_error=fit(D.c.last_error, str(exc)),
                                  last_status=exc.status,
                                  next_attempt_at=now + self._backoff(attempts),
@@ -219,7 +220,7 @@ def send_test(engine: Engine, settings: Notify, channel: str, *, by: str,
     with engine.begin() as conn:
         conn.execute(D.insert().values(
             message_id=msg["id"], kind="test", event="test", channel=channel,
-            status="sent" if ok else "failed", body=json.dumps(msg), created_at=now,
+            status=DELIVERY_SENT if ok else DELIVERY_FAILED, body=json.dumps(msg), created_at=now,
             next_attempt_at=now, attempts=1, last_error=fit(D.c.last_error, error),
             last_status=status, sent_at=done if ok else None))
     stripe_runs.record_run(engine, run_name(channel), ok=ok, detail=detail, now=done)

@@ -37,6 +37,7 @@ from ...outbox.sql import NOTIFY_DELIVERIES as D
 from ...outbox.sql import as_utc, insert_for
 from ...read.notices import Notice, notices
 from ...read.overview import alerts_now
+from ...status import DELIVERY_PENDING
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ def queue(conn: Any, msg: Mapping[str, Any], *, event: str, channels: tuple[str,
           now: datetime) -> int:
     """Queue ``msg`` once per channel; how many were queued."""
     rows = [{"message_id": msg["id"], "kind": msg["kind"], "event": event, "channel": c,
-             "status": "pending", "body": json.dumps(msg), "created_at": now,
+             "status": DELIVERY_PENDING, "body": json.dumps(msg), "created_at": now,
              "next_attempt_at": now, "attempts": 0} for c in channels]
     if rows:
         conn.execute(insert_for(conn, D), rows)
