@@ -56,9 +56,15 @@ lock-check: $(DEV_STAMP)
 # stack stay in one process); PostgreSQL tests each have a schema of their own.
 TEST_WORKERS ?= 2
 
+# COVERAGE=1 (as CI runs it): branch coverage of webapp/, each line's tests recorded, the
+# report in the terminal and test-artifacts/coverage/; below COVERAGE_FLOOR percent fails.
+COVERAGE_FLOOR ?= 0
+COV_ARGS = $(if $(COVERAGE),--cov --cov-context=test --cov-report=term:skip-covered \
+	    --cov-report=html --cov-fail-under=$(COVERAGE_FLOOR))
+
 test: $(DEV_STAMP)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile \
-	    --ignore=tests/image $(PYTEST_ARGS)
+	    --ignore=tests/image $(COV_ARGS) $(PYTEST_ARGS)
 
 # The loop while working: SQLite only, no process, browser or slow test (markers derived at
 # collection, tests/conftest.py), the tests that failed last time first. `make test` runs all.
