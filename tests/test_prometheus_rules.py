@@ -48,3 +48,25 @@ def test_the_rules_read_only_metrics_that_are_served() -> None:
 def test_the_docs_point_at_the_rules() -> None:
     assert "deploy/prometheus/billing-outbox.rules.yml" in (
         Path(ROOT) / "docs" / "notifications.md").read_text()
+
+
+def _rule(name: str) -> dict[str, object]:
+    import yaml
+
+    groups = yaml.safe_load(RULE_FILE.read_text())["groups"]
+    [rule] = [r for g in groups for r in g["rules"] if r.get("alert") == name]
+    return dict(rule)
+
+
+def test_the_rules_thresholds_are_the_dashboards() -> None:
+    """A number the dashboard alerts on and the rules repeat is the same in both: the oldest
+    waiting event's age (the Overview's "waiting too long") and Stripe's age limit."""
+    from webapp.outbox.states import MAX_AGE
+    from webapp.read.overview import OLDEST_PENDING_ALERT
+
+    waiting = _rule("BillingOutboxWaitingTooLong")
+    [limit] = re.findall(r">\s*(\d+)\s*$", str(waiting["expr"]).strip())
+    assert float(limit) == OLDEST_PENDING_ALERT.total_seconds()
+    past = _rule("BillingOutboxPastStripeAgeLimit")
+    summary = str(dict(past["annotations"])["summary"])  # type: ignore[arg-type]
+    assert f"({MAX_AGE.days} days)" in summary
