@@ -54,9 +54,9 @@ NOT_AT_STRIPE: tuple[str, ...] = (PENDING, RETRYING, PROCESSING, DEAD, REJECTED)
 NOT_AT_STRIPE_IDLE: tuple[str, ...] = (PENDING, RETRYING, DEAD, REJECTED)
 #: To be sent, or given up on and not yet decided: the dashboard's "unsent" counts.
 UNSENT_OPEN: tuple[str, ...] = (PENDING, RETRYING, DEAD)
-#: Neither sent nor held by a worker: the rows the unsent indexes hold
-#: (``ix_outbox_unsent``'s predicate).
-RESTING: tuple[str, ...] = tuple(s for s in ALL if s not in (SENT, PROCESSING))
+#: Sent, or held by a worker: what the unsent indexes leave out (their predicate is
+#: ``status NOT IN`` these).
+SENT_OR_CLAIMED: tuple[str, ...] = (SENT, PROCESSING)
 #: Every status but the waiting ones, in the order ``ix_outbox_waiting_created``'s predicate
 #: spells them (``status NOT IN (…)``: so SQLite never takes that index for the claim's).
 NOT_WAITING: tuple[str, ...] = (SENT, PROCESSING, DEAD, RESOLVED, REJECTED, CANCELLED)
@@ -71,29 +71,34 @@ USAGE_ORDER: tuple[str, ...] = (SENT, PENDING, RETRYING, REJECTED, DEAD, CANCELL
                                    RESOLVED)
 
 
-def others(group: Iterable[Status]) -> tuple[str, ...]:
+def others(group: Iterable[str]) -> tuple[str, ...]:
     """Every status not in ``group``, in the state machine's order."""
     kept = set(group)
     return tuple(s for s in ALL if s not in kept)
 
 
-def sql_list(group: Iterable[str]) -> str:
-    """``'a', 'b'``: a group as SQL literals, for partial-index predicates written as text
-    (the values are this module's own words, never input)."""
+#: Neither sent nor held by a worker: the rows the unsent indexes hold.
+RESTING: tuple[str, ...] = others(SENT_OR_CLAIMED)
+
+
+def sql_list(group: Iterable[str], known: Iterable[str] = ALL) -> str:
+    """``'a', 'b'``: a group as SQL literals, for predicates written as text (the values are
+    this module's own words, never input; ``known``: the statuses they must be among)."""
+    words = set(known)
     found = []
     for s in group:
-        if s not in ALL:
+        if s not in words:
             raise ValueError(f"unknown status {s!r}")
         found.append(f"'{s}'")
     return ", ".join(found)
 
 
-def sql_in(group: Iterable[str], column: str = "status") -> str:
+def sql_in(group: Iterable[str], column: str = "status", known: Iterable[str] = ALL) -> str:
     """``status IN ('a', 'b')`` (``=`` for one) as SQL text."""
     listed = list(group)
     if len(listed) == 1:
-        return f"{column} = {sql_list(listed)}"
-    return f"{column} IN ({sql_list(listed)})"
+        return f"{column} = {sql_list(listed, known)}"
+    return f"{column} IN ({sql_list(listed, known)})"
 
 
 def sql_not_in(group: Iterable[str], column: str = "status") -> str:

@@ -9,11 +9,11 @@ from datetime import datetime
 from sqlalchemy import BigInteger, Index, Integer, String, Text, text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from ..status import DELIVERY_PENDING
+from ..status import DELIVERY_ALL, DELIVERY_PENDING, sql_in
 from .base import Base, BigID, UTCDateTime
 
 #: Deliveries still to go: ``ix_notify_deliveries_pending``'s predicate.
-_PENDING_SQL = f"status = '{DELIVERY_PENDING}'"
+_PENDING_SQL = sql_in([DELIVERY_PENDING], known=DELIVERY_ALL)
 
 
 class NotifyAlert(Base):

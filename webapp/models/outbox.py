@@ -12,10 +12,10 @@ from ..status import (
     DEAD,
     IN_FLIGHT,
     NOT_WAITING,
-    PROCESSING,
     REJECTED,
     RESOLVED,
     SENT,
+    SENT_OR_CLAIMED,
     WAITING,
     sql_in,
     sql_not_in,
@@ -72,7 +72,7 @@ DEAD_FITS_SQL = {d: " + ".join(f.format(c) for c in DEAD_INDEXED_TEXT)
 DEAD_OUTSIZE_SQL = {d: " + ".join(f.format(c) for c in DEAD_INDEXED_TEXT)
                     + f" > {DEAD_INDEXED_BYTES}" for d, f in _TEXT_BYTES.items()}
 #: The other predicates, each written once for both dialects.
-_NOT_IN_FLIGHT, _RESTING = sql_not_in(IN_FLIGHT), sql_not_in((SENT, PROCESSING))
+_NOT_IN_FLIGHT, _RESTING = sql_not_in(IN_FLIGHT), sql_not_in(SENT_OR_CLAIMED)
 _SENT, _DEAD, _RESOLVED, _REJECTED = (sql_in([s]) for s in (SENT, DEAD, RESOLVED, REJECTED))
 
 

@@ -82,7 +82,7 @@ from ..models import (
     UnbilledUsage,
     User,
 )
-from ..status import NOT_WAITING, PROCESSING, SENT
+from ..status import NOT_WAITING, PROCESSING, SENT_OR_CLAIMED
 from .guards import AnyOf, Condition, Equals, Not, OlderThan, StatusIn
 from .states import ALL_STATUSES
 
@@ -159,7 +159,7 @@ def status_in(statuses: Sequence[str]) -> ColumnElement[bool]:
 
 
 #: The predicate of ``ix_outbox_unsent``: neither sent nor in flight.
-IDLE_UNSENT = T.c.status.not_in([sql_str(s) for s in (SENT, PROCESSING)])
+IDLE_UNSENT = T.c.status.not_in([sql_str(s) for s in SENT_OR_CLAIMED])
 #: Pending or retrying: the predicate of ``ix_outbox_waiting_created``, the complement of the
 #: other statuses (so SQLite never takes that index for the claim's).
 WAITING_IDLE = T.c.status.not_in([sql_str(s) for s in NOT_WAITING])

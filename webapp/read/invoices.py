@@ -154,8 +154,7 @@ def stream_lines(conn: Connection, lo: datetime, hi: datetime, *,
         stmt = stmt.limit(limit)
     elif conn.dialect.name == "postgresql":
         # Every line of a window: the plan's estimate passes PostgreSQL's JIT thresholds, and
-        # compiling cost more than the read (600 ms before the first row at 100,000 lines;
-        # 20 ms without).
+        # compiling costs more than the read (measured in bench/RESULTS.md, issue 44).
         conn.exec_driver_sql("SET LOCAL jit = off")
     for r in conn.execution_options(yield_per=1000).execute(stmt):
         yield _line(r)

@@ -34,7 +34,7 @@ from ...models import fit, utcnow
 from ...outbox import stripe_runs
 from ...outbox.sql import NOTIFY_DELIVERIES as D
 from ...outbox.sql import as_utc
-from ...status import DELIVERY_FAILED, DELIVERY_PENDING, DELIVERY_SENT
+from ...status import DELIVERY_ALL, DELIVERY_FAILED, DELIVERY_PENDING, DELIVERY_SENT, sql_in
 from .channels import NAMES, DeliveryFailed, send
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ PRUNE_EVERY = timedelta(hours=1)
 
 
 #: ``ix_notify_deliveries_pending``'s predicate, as literal text.
-PENDING = text(f"notify_deliveries.status = '{DELIVERY_PENDING}'")
+PENDING = text(sql_in([DELIVERY_PENDING], "notify_deliveries.status", known=DELIVERY_ALL))
 
 
 def run_name(channel: str) -> str:
